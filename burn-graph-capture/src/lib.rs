@@ -1,4 +1,14 @@
 //! Run Burn training steps on NVIDIA GPUs as CUDA graphs.
+//!
+//! The entry point is the backend decorator [`GraphCapture`]: it forwards every op to
+//! the inner backend and, while a [`CaptureSession`] is open, records the step's op
+//! signature and the ops that would break a CUDA graph.
 
+pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod runtime;
+
+pub use backend::session::{
+    BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,
+};
+pub use backend::{BufferId, GraphBackend, GraphCapture, GraphError, NoGraph};

@@ -1,0 +1,92 @@
+//! The decorator type and its `Backend` impl.
+
+use core::marker::PhantomData;
+
+use burn_backend::{Backend, BackendTypes, DType, DTypeUsageSet, ExecutionError, TensorData};
+
+use super::session::{self, BreakerKind};
+
+/// A backend decorator that runs every op on `B` and, during a capture session,
+/// records the step's op signature and capture breakers.
+///
+/// Tensor primitives are `B`'s own: wrapping them would cost a conversion per op and
+/// hide `B`'s buffers from the step API, which needs their identities. Use it under
+/// autodiff, e.g. `Autodiff<GraphCapture<Flex>>` on the CPU or
+/// `Autodiff<GraphCapture<Fusion<CubeBackend<CudaGraphRuntime, f32, i32, u8>>>>` on GPUs.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct GraphCapture<B> {
+    _inner: PhantomData<B>,
+}
+
+impl<B: Backend> BackendTypes for GraphCapture<B> {
+    type Device = B::Device;
+    type FloatTensorPrimitive = B::FloatTensorPrimitive;
+    type FloatElem = B::FloatElem;
+    type IntTensorPrimitive = B::IntTensorPrimitive;
+    type IntElem = B::IntElem;
+    type BoolTensorPrimitive = B::BoolTensorPrimitive;
+    type BoolElem = B::BoolElem;
+    type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
+}
+
+/// Records a host-level call that breaks captures.
+fn record_breaker(op: &'static str, kind: BreakerKind) {
+    if session::is_recording() {
+        session::record_op(op, Some(kind), |_| {});
+    }
+}
+
+impl<B: Backend> Backend for GraphCapture<B> {
+    fn ad_enabled(device: &Self::Device) -> bool {
+        B::ad_enabled(device)
+    }
+
+    fn memory_persistent_allocations<
+        Output: Send,
+        Input: Send,
+        Func: Fn(Input) -> Output + Send,
+    >(
+        device: &Self::Device,
+        input: Input,
+        func: Func,
+    ) -> Output {
+        B::memory_persistent_allocations(device, input, func)
+    }
+
+    fn memory_cleanup(device: &Self::Device) {
+        B::memory_cleanup(device)
+    }
+
+    fn name(device: &Self::Device) -> String {
+        format!("graph_capture<{}>", B::name(device))
+    }
+
+    fn seed(device: &Self::Device, seed: u64) {
+        record_breaker("seed", BreakerKind::Rng);
+        B::seed(device, seed)
+    }
+
+    fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
+        record_breaker("sync", BreakerKind::HostRead);
+        B::sync(device)
+    }
+
+    fn staging<'a, Iter>(data: Iter, device: &Self::Device)
+    where
+        Iter: Iterator<Item = &'a mut TensorData>,
+    {
+        B::staging(data, device)
+    }
+
+    fn supports_dtype(device: &Self::Device, dtype: DType) -> bool {
+        B::supports_dtype(device, dtype)
+    }
+
+    fn dtype_usage(device: &Self::Device, dtype: DType) -> DTypeUsageSet {
+        B::dtype_usage(device, dtype)
+    }
+
+    fn device_count(type_id: u16) -> usize {
+        B::device_count(type_id)
+    }
+}

@@ -1,0 +1,66 @@
+//! What an inner backend can do for graph capture.
+//!
+//! The step API talks to hardware graphs only through this trait, so the same trainer
+//! code runs on CUDA (real graphs) and on CPU backends (honest "no graphs": every step
+//! eager, every guard still exercised).
+
+use burn_backend::Backend;
+use burn_backend::tensor::FloatTensor;
+use serde::{Deserialize, Serialize};
+
+/// Identity of a tensor's storage, stable while that storage lives.
+///
+/// Views of one buffer share an identity. Once a buffer is freed its identity may be
+/// reused, so the step API keeps pinned buffers alive while it compares identities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BufferId(pub u64);
+
+/// A graph operation that could not be done. The step then runs eagerly.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum GraphError {
+    /// The backend cannot record or replay hardware graphs.
+    #[error("this backend has no hardware graphs")]
+    NoHardwareGraphs,
+    /// The backend has no arena to pin tensors into.
+    #[error("this backend has no arena for pinned tensors")]
+    NoArena,
+    /// Source and destination of a pinned copy differ in shape or dtype.
+    #[error("pinned copy mismatch: {0}")]
+    CopyMismatch(String),
+    /// The driver or runtime refused a capture, instantiate or replay call.
+    #[error("graph runtime error: {0}")]
+    Runtime(String),
+}
+
+/// Capture, replay and pinning, as an inner backend provides them.
+pub trait GraphBackend: Backend {
+    /// An instantiated, replayable graph. Dropping it releases the graph and everything
+    /// retained for it, once the device has finished with it.
+    type Graph: Send + 'static;
+
+    /// Whether this device can capture and replay hardware graphs.
+    fn supports_hardware_graphs(device: &Self::Device) -> bool;
+
+    /// Starts recording the work queued on `device` into a graph.
+    fn capture_begin(device: &Self::Device) -> Result<(), GraphError>;
+
+    /// Stops recording and instantiates the graph.
+    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError>;
+
+    /// Launches the graph once.
+    fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
+
+    /// Moves a tensor's values into the arena, where its address stays fixed.
+    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError>;
+
+    /// Copies `src`'s values into the storage of `dst`, which must be pinned and of the
+    /// same shape and dtype. Inside a capture this is recorded as a device copy.
+    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError>;
+
+    /// The identity of a tensor's storage, where the backend exposes one.
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId>;
+}
+
+/// A graph that cannot exist: the type of graphs on backends without them.
+#[derive(Debug)]
+pub enum NoGraph {}

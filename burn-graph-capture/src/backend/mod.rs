@@ -1,0 +1,16 @@
+//! The `GraphCapture<B>` backend decorator.
+//!
+//! It forwards every op to `B` unchanged (same primitives, same kernels) and, while a
+//! [`CaptureSession`](session::CaptureSession) is open on the calling thread, records the
+//! op signature and the capture breakers of the step that runs.
+
+mod base;
+mod cpu;
+mod forward;
+mod graph_backend;
+mod ops;
+mod relabel;
+pub mod session;
+
+pub use base::GraphCapture;
+pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph};

@@ -1,0 +1,327 @@
+//! Capture sessions: what one training step did, recorded as it ran.
+//!
+//! A session is **thread-local**. Burn runs a step's ops on the calling thread: the
+//! forward pass, autodiff's backward pass and the optimizer all call the backend from
+//! the thread that called `step`, and burn-fusion only queues work from there. A
+//! thread-local scope therefore sees exactly one step's ops, and two trainers on two
+//! threads never see each other's records. A device-keyed scope would mix two trainers
+//! that share a device.
+//!
+//! Sessions on one thread may nest or overlap in any order: every open session records
+//! every op, and each is closed by its own handle. Outside a session, the decorator
+//! pays one thread-local load per op: no allocation and no lock.
+
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
+use std::fmt::{self, Debug, Write as _};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::marker::PhantomData;
+
+use burn_backend::{DType, Shape, TensorData, TensorMetadata};
+use serde::{Deserialize, Serialize};
+
+thread_local! {
+    /// Number of open sessions on this thread; the only state the hot path reads.
+    static OPEN: Cell<usize> = const { Cell::new(0) };
+    /// The open sessions' recordings, keyed by session id.
+    static RECORDINGS: RefCell<Vec<(u64, Recording)>> = const { RefCell::new(Vec::new()) };
+    /// Source of session ids on this thread.
+    static NEXT_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+/// True when at least one session is open on this thread.
+#[inline(always)]
+pub(crate) fn is_recording() -> bool {
+    OPEN.with(Cell::get) != 0
+}
+
+/// Records one op into every open session of this thread.
+pub(crate) fn record_op(
+    op: &'static str,
+    breaker: Option<BreakerKind>,
+    inputs: impl FnOnce(&mut OpRecorder),
+) {
+    let mut recorder = OpRecorder::default();
+    inputs(&mut recorder);
+    let record = recorder.finish(op);
+    RECORDINGS.with(|recordings| {
+        for (_, recording) in recordings.borrow_mut().iter_mut() {
+            if let Some(kind) = breaker {
+                recording.breakers.push(CaptureBreaker::new(kind, op));
+            }
+            recording.signature.ops.push(record.clone());
+        }
+    });
+}
+
+/// Why an op cannot be part of a replayed CUDA graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BreakerKind {
+    /// Reads device data on the host (`*_into_data`, transactions, `sync`): a graph
+    /// cannot hand values to the host in the middle of a replay.
+    HostRead,
+    /// Moves a tensor to another device (`*_to_device`).
+    DeviceTransfer,
+    /// Draws random numbers (`*_random`, dropout masks) or reseeds: host-side RNG state
+    /// would be frozen into the graph and replay the same numbers.
+    Rng,
+    /// Produces a shape that depends on tensor values (`argwhere`, `nonzero`).
+    DataDependentShape,
+}
+
+/// One capture breaker seen during a session: what kind, and which op.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CaptureBreaker {
+    /// The reason this op breaks a capture.
+    pub kind: BreakerKind,
+    /// The backend method that was called, e.g. `float_into_data`.
+    pub op: Cow<'static, str>,
+}
+
+impl CaptureBreaker {
+    pub(crate) fn new(kind: BreakerKind, op: &'static str) -> Self {
+        Self {
+            kind,
+            op: Cow::Borrowed(op),
+        }
+    }
+}
+
+impl fmt::Display for CaptureBreaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} in `{}`", self.kind, self.op)
+    }
+}
+
+/// Shape and dtype of one tensor input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorSig {
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+/// One op as a session saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OpRecord {
+    /// The backend method, e.g. `float_matmul`.
+    pub op: &'static str,
+    /// Shapes and dtypes of its tensor inputs, in argument order.
+    pub inputs: Vec<TensorSig>,
+    /// Hash of its other arguments: dims, options, host scalars, devices and the bytes
+    /// of host data. Two steps that pass different host scalars differ here, so a
+    /// value that varies between steps is never mistaken for a static one.
+    pub attrs: u64,
+}
+
+/// The ordered ops of one step. Equal signatures mean the step is static.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OpSignature {
+    ops: Vec<OpRecord>,
+}
+
+impl OpSignature {
+    /// The recorded ops, in call order.
+    pub fn ops(&self) -> &[OpRecord] {
+        &self.ops
+    }
+
+    /// Number of recorded ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True when no op was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// A 64-bit digest, for cheap comparison and cache keys.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// Index of the first op where the two signatures differ, if they do.
+    pub fn first_difference(&self, other: &OpSignature) -> Option<usize> {
+        let common = self.ops.len().min(other.ops.len());
+        (0..common)
+            .find(|&i| self.ops[i] != other.ops[i])
+            .or((self.ops.len() != other.ops.len()).then_some(common))
+    }
+}
+
+/// Everything one session recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recording {
+    /// The op signature.
+    pub signature: OpSignature,
+    /// Capture breakers, in call order.
+    pub breakers: Vec<CaptureBreaker>,
+}
+
+/// Collects one op's inputs. Only used while a session is open.
+#[derive(Default)]
+pub(crate) struct OpRecorder {
+    inputs: Vec<TensorSig>,
+    attrs: DefaultHasher,
+}
+
+impl OpRecorder {
+    pub(crate) fn tensor<T: TensorMetadata>(&mut self, tensor: &T) {
+        self.inputs.push(TensorSig {
+            shape: tensor.shape(),
+            dtype: tensor.dtype(),
+        });
+    }
+
+    pub(crate) fn optional<T: TensorMetadata>(&mut self, tensor: &Option<T>) {
+        match tensor {
+            Some(tensor) => self.tensor(tensor),
+            None => self.attrs.write_u8(0),
+        }
+    }
+
+    pub(crate) fn data(&mut self, data: &TensorData) {
+        self.inputs.push(TensorSig {
+            shape: data.shape.clone(),
+            dtype: data.dtype,
+        });
+        data.as_bytes().hash(&mut self.attrs);
+    }
+
+    /// Hashes any argument through its `Debug` form, without allocating.
+    pub(crate) fn attr<T: Debug + ?Sized>(&mut self, value: &T) {
+        // Writing into a hasher cannot fail.
+        let _ = write!(HashWriter(&mut self.attrs), "{value:?}");
+        self.attrs.write_u8(0xff);
+    }
+
+    fn finish(self, op: &'static str) -> OpRecord {
+        OpRecord {
+            op,
+            inputs: self.inputs,
+            attrs: self.attrs.finish(),
+        }
+    }
+}
+
+/// Feeds formatted text into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl fmt::Write for HashWriter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// An open capture session on the current thread.
+///
+/// Opened by the step API around one training step. Dropping it without
+/// [`finish`](Self::finish) discards its recording, so a panicking step leaves no
+/// session open. It is `!Send`: it belongs to the thread whose ops it records.
+#[must_use = "a session records until it is finished or dropped"]
+pub struct CaptureSession {
+    id: u64,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl CaptureSession {
+    /// Opens a session on this thread.
+    pub fn begin() -> Self {
+        let id = NEXT_ID.with(|next| {
+            let id = next.get();
+            next.set(id + 1);
+            id
+        });
+        RECORDINGS.with(|r| r.borrow_mut().push((id, Recording::default())));
+        OPEN.with(|open| open.set(open.get() + 1));
+        Self {
+            id,
+            _thread_bound: PhantomData,
+        }
+    }
+
+    /// Runs `f` inside a new session and returns its result with the recording.
+    pub fn record<R>(f: impl FnOnce() -> R) -> (R, Recording) {
+        let session = Self::begin();
+        let result = f();
+        (result, session.finish())
+    }
+
+    /// Closes the session and returns what it recorded.
+    pub fn finish(self) -> Recording {
+        let recording = self.take();
+        std::mem::forget(self);
+        recording
+    }
+
+    fn take(&self) -> Recording {
+        OPEN.with(|open| open.set(open.get() - 1));
+        RECORDINGS.with(|recordings| {
+            let mut recordings = recordings.borrow_mut();
+            let index = recordings
+                .iter()
+                .position(|(id, _)| *id == self.id)
+                .expect("an open session always has a recording");
+            recordings.swap_remove(index).1
+        })
+    }
+}
+
+impl Drop for CaptureSession {
+    fn drop(&mut self) {
+        self.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_dummy(op: &'static str, breaker: Option<BreakerKind>) {
+        if is_recording() {
+            record_op(op, breaker, |rec| rec.attr(&1usize));
+        }
+    }
+
+    #[test]
+    fn nothing_is_recorded_outside_a_session() {
+        assert!(!is_recording());
+        record_dummy("outside", None);
+        let (_, recording) = CaptureSession::record(|| record_dummy("inside", None));
+        assert_eq!(recording.signature.len(), 1);
+        assert_eq!(recording.signature.ops()[0].op, "inside");
+        assert!(!is_recording());
+    }
+
+    #[test]
+    fn dropped_session_closes() {
+        let session = CaptureSession::begin();
+        assert!(is_recording());
+        drop(session);
+        assert!(!is_recording());
+    }
+
+    #[test]
+    fn first_difference_finds_extra_and_changed_ops() {
+        let (_, a) = CaptureSession::record(|| record_dummy("a", None));
+        let (_, ab) = CaptureSession::record(|| {
+            record_dummy("a", None);
+            record_dummy("b", None);
+        });
+        let (_, c) = CaptureSession::record(|| record_dummy("c", None));
+        assert_eq!(a.signature.first_difference(&a.signature), None);
+        assert_eq!(a.signature.first_difference(&ab.signature), Some(1));
+        assert_eq!(a.signature.first_difference(&c.signature), Some(0));
+        assert_ne!(a.signature.fingerprint(), c.signature.fingerprint());
+    }
+
+    #[test]
+    fn attrs_distinguish_host_values() {
+        let (_, one) = CaptureSession::record(|| record_op("x", None, |r| r.attr(&1.0f64)));
+        let (_, two) = CaptureSession::record(|| record_op("x", None, |r| r.attr(&2.0f64)));
+        assert_ne!(one.signature, two.signature);
+    }
+}
