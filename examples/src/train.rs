@@ -1,12 +1,12 @@
 //! Plain eager training with Burn's own optimizer, on any autodiff backend.
 
-use burn::module::AutodiffModule;
+use burn::module::{ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::{LstmRegressor, SineTask};
+use crate::{LstmRegressor, LstmRegressorConfig, SineTask};
 
 /// Runs `steps` optimizer steps on batches from `task`; returns the loss of each step.
 pub fn train_eager<B, O>(
@@ -33,25 +33,46 @@ where
     losses
 }
 
-/// The model's parameters as bytes: equal bytes mean bit-equal parameters.
-pub fn parameter_bytes<B: AutodiffBackend>(model: &LstmRegressor<B>) -> Vec<u8> {
+/// Every float parameter's values, in visiting order, as `f32`.
+pub fn parameter_values<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<f32>> {
+    struct Collect(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let values = param.val().into_data().convert::<f32>().into_vec::<f32>();
+            self.0.push(values.expect("converted data holds f32"));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+/// Every float parameter's bit pattern: equal vectors mean bit-equal parameters.
+pub fn parameter_bits<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<u32>> {
+    parameter_values(model)
+        .into_iter()
+        .map(|p| p.into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
+/// The model's parameters as record bytes, to rebuild it on any backend.
+pub fn to_bytes<B: Backend>(model: LstmRegressor<B>) -> Vec<u8> {
     BinBytesRecorder::<FullPrecisionSettings>::default()
-        .record(model.valid().into_record(), ())
+        .record(model.into_record(), ())
         .expect("recording parameters into memory cannot fail")
 }
 
-/// Rebuilds `model` on another backend with bit-identical parameters.
-pub fn transfer<B1: Backend, B2: Backend>(
-    model: &LstmRegressor<B1>,
-    target: LstmRegressor<B2>,
-    device: &B2::Device,
-) -> LstmRegressor<B2> {
-    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let bytes = recorder
-        .record(model.clone().into_record(), ())
-        .expect("recording parameters into memory cannot fail");
-    let record = recorder
+/// Builds a model of `config` on `B` whose parameters are those saved in `bytes`.
+///
+/// Burn initializes parameters lazily, so a clone of a fresh model draws its own
+/// values; loading both models from the same bytes is what makes them identical.
+pub fn from_bytes<B: Backend>(
+    config: &LstmRegressorConfig,
+    bytes: Vec<u8>,
+    device: &B::Device,
+) -> LstmRegressor<B> {
+    let record = BinBytesRecorder::<FullPrecisionSettings>::default()
         .load(bytes, device)
-        .expect("a record just written loads back");
-    target.load_record(record)
+        .expect("bytes written by `to_bytes` load back");
+    config.init::<B>(device).load_record(record)
 }

@@ -64,3 +64,36 @@ pub trait GraphBackend: Backend {
 /// A graph that cannot exist: the type of graphs on backends without them.
 #[derive(Debug)]
 pub enum NoGraph {}
+
+/// The decorator exposes its inner backend's graph support unchanged.
+impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
+    type Graph = B::Graph;
+
+    fn supports_hardware_graphs(device: &Self::Device) -> bool {
+        B::supports_hardware_graphs(device)
+    }
+
+    fn capture_begin(device: &Self::Device) -> Result<(), GraphError> {
+        B::capture_begin(device)
+    }
+
+    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError> {
+        B::capture_end(device)
+    }
+
+    fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
+        B::replay(graph)
+    }
+
+    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
+        B::pin(tensor)
+    }
+
+    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
+        B::copy_into(dst, src)
+    }
+
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
+        B::buffer_id(tensor)
+    }
+}

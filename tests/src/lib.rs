@@ -1,1 +1,0 @@
-//! Integration tests live in `tests/`.

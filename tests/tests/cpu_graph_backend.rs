@@ -1,0 +1,36 @@
+//! `GraphBackend` on the CPU: honest answers, no graphs, real buffer identities.
+
+use burn::backend::Flex;
+use burn::prelude::*;
+use burn_graph_capture::{GraphBackend, GraphCapture, GraphError};
+
+type B = GraphCapture<Flex>;
+
+#[test]
+fn flex_has_no_hardware_graphs_and_no_arena() {
+    let device = Default::default();
+    assert!(!B::supports_hardware_graphs(&device));
+    assert_eq!(B::capture_begin(&device), Err(GraphError::NoHardwareGraphs));
+    assert!(matches!(
+        B::capture_end(&device),
+        Err(GraphError::NoHardwareGraphs)
+    ));
+    let x = Tensor::<B, 1>::ones([3], &device).into_primitive().tensor();
+    assert!(matches!(B::pin(x.clone()), Err(GraphError::NoArena)));
+    assert_eq!(B::copy_into(&x, &x), Err(GraphError::NoArena));
+}
+
+#[test]
+fn buffer_identity_follows_storage() {
+    let device = Default::default();
+    let a = Tensor::<B, 1>::ones([3], &device);
+    let b = Tensor::<B, 1>::ones([3], &device);
+    let id = |t: &Tensor<B, 1>| B::buffer_id(&t.clone().into_primitive().tensor()).unwrap();
+    assert_eq!(id(&a), id(&a.clone()), "a clone shares storage");
+    assert_ne!(id(&a), id(&b), "equal values, distinct storage");
+    assert_ne!(
+        id(&a),
+        id(&(a.clone() + 1.0)),
+        "a new result is a new buffer"
+    );
+}
