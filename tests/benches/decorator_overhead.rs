@@ -5,7 +5,8 @@
 //! machine state, and reports the ratio of median step times. A second case times a
 //! chain of tiny ops, where per-op overhead is largest relative to the work.
 //!
-//! `cargo bench -p integration-tests --bench decorator_overhead [-- --out FILE]`
+//! `cargo bench -p integration-tests --bench decorator_overhead [-- --out FILE]` (cargo runs
+//! benches from `tests/`, so give FILE as an absolute path).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -108,6 +109,10 @@ fn main() {
             lstm_round::<Autodiff<Flex>>(&bytes, 1)
         }
     });
+    // The same backend on both sides: the spread this benchmark cannot resolve.
+    let noise = Case::measure("LSTM training step, Flex vs Flex (noise floor)", |_| {
+        lstm_round::<Autodiff<Flex>>(&bytes, 1)
+    });
     let tiny = Case::measure("tiny op (mul_scalar on 4 elements)", |decorated| {
         if decorated {
             tiny_ops_round::<GraphCapture<Flex>>()
@@ -117,14 +122,16 @@ fn main() {
     });
 
     let (b, t) = SHAPE;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut report = format!(
         "# Decorator overhead outside a capture session (CPU)\n\n\
          `cargo bench -p integration-tests --bench decorator_overhead`, release build, \
          {ROUNDS} interleaved rounds, medians. LSTM: batch {b}, time {t}, hidden {HIDDEN}, \
-         input 32, Adam, {STEPS_PER_ROUND} steps per round. Tiny op: {TINY_OPS} ops per round.\n\n\
+         input 32, Adam, {STEPS_PER_ROUND} steps per round. Tiny op: {TINY_OPS} ops per round. \
+         CPU machine with {cores} cores.\n\n\
          | case | Flex | GraphCapture<Flex> | ratio |\n|---|---|---|---|\n"
     );
-    for case in [&lstm, &tiny] {
+    for case in [&lstm, &noise, &tiny] {
         report.push_str(&format!(
             "| {} | {:.3} µs | {:.3} µs | {:.3} |\n",
             case.name,
