@@ -5,6 +5,7 @@
 //! signature and the ops that would break a CUDA graph.
 
 pub mod backend;
+pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod runtime;
 
