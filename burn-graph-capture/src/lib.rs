@@ -8,8 +8,13 @@ pub mod backend;
 pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod runtime;
+pub mod step;
 
-pub use backend::session::{
-    BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,
+pub use backend::{
+    BreakerKind, BufferId, CaptureBreaker, CaptureSession, GraphBackend, GraphCapture, GraphError,
+    NoGraph, OpRecord, OpSignature, Recording, TensorSig,
 };
-pub use backend::{BufferId, GraphBackend, GraphCapture, GraphError, NoGraph};
+pub use step::{
+    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepInput, StepMode, StepOutcome,
+    TrainBackend, TrainerReport,
+};

@@ -14,3 +14,6 @@ pub mod session;
 
 pub use base::GraphCapture;
 pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph};
+pub use session::{
+    BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,
+};

@@ -1,0 +1,30 @@
+//! How a `GraphTrainer` warms up, caches graphs and checks replays.
+
+use burn::config::Config;
+
+/// Configuration of a [`GraphTrainer`](super::GraphTrainer).
+#[derive(Config, Debug, PartialEq, Eq)]
+pub struct GraphTrainerConfig {
+    /// Eager steps per input shape before capturing; their op signatures must all be
+    /// equal. At least one eager step always runs first (burn#5772: a cold capture can
+    /// make other in-place decisions than warmup).
+    #[config(default = 3)]
+    pub warmup_steps: usize,
+    /// Most input shapes that get a graph; further shapes run eagerly.
+    #[config(default = 4)]
+    pub max_graphs: usize,
+    /// Most times graphs are dropped and captured again after pinned buffers changed;
+    /// after that the trainer stays eager.
+    #[config(default = 2)]
+    pub max_recaptures: usize,
+    /// Replays to check against an eager run of the same step before trusting a graph.
+    #[config(default = 0)]
+    pub verify_replays: usize,
+}
+
+impl GraphTrainerConfig {
+    /// The warmup length actually used: never less than one eager step.
+    pub(crate) fn effective_warmup(&self) -> usize {
+        self.warmup_steps.max(1)
+    }
+}

@@ -1,0 +1,30 @@
+//! Errors for bad input to a step. The trainer stays usable after each of them.
+
+use thiserror::Error;
+
+/// A step that was refused before it changed anything.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum StepError {
+    /// A batch tensor lives on another device than the model.
+    #[error("batch tensor {index} is on {found}, the model is on {expected}")]
+    WrongDevice {
+        /// Position of the tensor in the batch.
+        index: usize,
+        /// The model's device.
+        expected: String,
+        /// The tensor's device.
+        found: String,
+    },
+    /// The batch has no tensors, or a tensor with no elements.
+    #[error("empty batch: {0}")]
+    EmptyBatch(String),
+    /// The step closure returned a loss with more than one element.
+    #[error("the step closure must return a scalar loss, got shape {shape:?}")]
+    NonScalarLoss {
+        /// Shape of the returned loss.
+        shape: Vec<usize>,
+    },
+    /// The model was taken out with `take_model` and not put back.
+    #[error("the model was taken out of the trainer; put it back with `put_model`")]
+    ModelTakenOut,
+}

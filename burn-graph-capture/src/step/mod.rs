@@ -1,0 +1,23 @@
+//! The graphed training step: warmup, guards, per-shape graphs, eager fallbacks.
+//!
+//! [`GraphTrainer`] is what a Burn user holds: hand it a model, a capturable optimizer
+//! and a closure computing the loss of a batch, then call [`GraphTrainer::step`] in an
+//! ordinary loop. Each step reports the mode it ran in, and every eager fallback its
+//! typed reason.
+
+mod cache;
+mod config;
+mod error;
+mod input;
+mod mode;
+mod registry;
+mod report;
+mod trainer;
+
+pub use config::GraphTrainerConfig;
+pub use error::StepError;
+pub use input::{InputKey, StepInput};
+pub use mode::{FallbackReason, StepMode};
+pub use registry::TrainerId;
+pub use report::{ModeCounts, TrainerReport};
+pub use trainer::{GraphTrainer, StepOutcome, TrainBackend};

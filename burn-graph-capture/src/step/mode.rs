@@ -1,0 +1,86 @@
+//! The mode a step ran in, and the typed reasons for running eagerly.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::registry::TrainerId;
+use crate::backend::{CaptureBreaker, GraphError};
+
+/// How one step ran.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepMode {
+    /// The step was recorded into a new graph (and ran while recording).
+    Captured,
+    /// The step ran as a replay of a graph.
+    Replayed,
+    /// The step ran eagerly, for this reason.
+    Eager(FallbackReason),
+}
+
+impl StepMode {
+    /// The mode without its reason's details, for counting and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StepMode::Captured => "Captured",
+            StepMode::Replayed => "Replayed",
+            StepMode::Eager(_) => "Eager",
+        }
+    }
+}
+
+/// Why a step ran eagerly. Every fallback has one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FallbackReason {
+    /// One of the eager steps that precede a capture for this input shape.
+    Warmup,
+    /// The backend cannot record hardware graphs (CPU backends); every guard still ran.
+    NoHardwareGraphs,
+    /// Two warmup steps ran different ops (or the same ops with other shapes or host
+    /// values); `first_difference` is the index of the first op that differed.
+    NonStaticControlFlow {
+        /// Index of the first differing op in the step's signature.
+        first_difference: usize,
+    },
+    /// The step contains an op that cannot be replayed.
+    CaptureBreaker(CaptureBreaker),
+    /// A parameter or optimizer state buffer is shared with another trainer.
+    SharedWithTrainer(TrainerId),
+    /// This input shape would need a graph beyond `max_graphs`.
+    GraphCacheFull,
+    /// Pinned buffers changed identity more often than `max_recaptures` allows.
+    RecaptureLimit,
+    /// The backend refused to pin, capture or replay.
+    Graph(GraphError),
+}
+
+impl FallbackReason {
+    /// The reason without its details, for counting.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FallbackReason::Warmup => "Warmup",
+            FallbackReason::NoHardwareGraphs => "NoHardwareGraphs",
+            FallbackReason::NonStaticControlFlow { .. } => "NonStaticControlFlow",
+            FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
+            FallbackReason::SharedWithTrainer(_) => "SharedWithTrainer",
+            FallbackReason::GraphCacheFull => "GraphCacheFull",
+            FallbackReason::RecaptureLimit => "RecaptureLimit",
+            FallbackReason::Graph(_) => "Graph",
+        }
+    }
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FallbackReason::NonStaticControlFlow { first_difference } => write!(
+                f,
+                "non-static control flow (first difference at op {first_difference})"
+            ),
+            FallbackReason::CaptureBreaker(breaker) => write!(f, "capture breaker: {breaker}"),
+            FallbackReason::SharedWithTrainer(id) => write!(f, "shared with trainer {}", id.0),
+            FallbackReason::Graph(error) => write!(f, "graph error: {error}"),
+            other => f.write_str(other.kind()),
+        }
+    }
+}

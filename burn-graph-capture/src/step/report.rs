@@ -1,0 +1,59 @@
+//! What a trainer did, as a serializable report.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::mode::StepMode;
+use super::registry::TrainerId;
+
+/// Counts of steps per mode.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModeCounts {
+    /// Steps recorded into a new graph.
+    pub captured: u64,
+    /// Steps replayed from a graph.
+    pub replayed: u64,
+    /// Steps run eagerly, whatever the reason.
+    pub eager: u64,
+}
+
+/// A trainer's report; `serde_json::to_string(&trainer.report())` writes it as JSON.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerReport {
+    /// The trainer.
+    pub trainer: Option<TrainerId>,
+    /// Steps run.
+    pub steps: u64,
+    /// Steps per mode.
+    pub modes: ModeCounts,
+    /// Eager steps per fallback reason (`FallbackReason::kind`).
+    pub fallbacks: BTreeMap<String, u64>,
+    /// The reason of the latest eager step, in full.
+    pub last_fallback: Option<String>,
+    /// Wall time spent capturing graphs, in milliseconds.
+    pub capture_ms: f64,
+    /// Bytes pinned in the arena for parameters and optimizer state.
+    pub pinned_bytes: u64,
+    /// Graphs currently alive.
+    pub graphs_alive: usize,
+    /// Times graphs were dropped and captured again.
+    pub recaptures: usize,
+    /// The trainer this one shares a buffer with, if any.
+    pub shared_with: Option<TrainerId>,
+}
+
+impl TrainerReport {
+    pub(crate) fn count(&mut self, mode: &StepMode) {
+        self.steps += 1;
+        match mode {
+            StepMode::Captured => self.modes.captured += 1,
+            StepMode::Replayed => self.modes.replayed += 1,
+            StepMode::Eager(reason) => {
+                self.modes.eager += 1;
+                *self.fallbacks.entry(reason.kind().to_string()).or_default() += 1;
+                self.last_fallback = Some(reason.to_string());
+            }
+        }
+    }
+}

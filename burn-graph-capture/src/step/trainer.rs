@@ -1,0 +1,266 @@
+//! `GraphTrainer`: the user-facing training step.
+
+use std::marker::PhantomData;
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::{GradientsParams, LearningRate};
+use burn::tensor::Tensor;
+use burn_backend::tensor::FloatTensor;
+
+use super::cache::{GraphCache, Plan};
+use super::config::GraphTrainerConfig;
+use super::error::StepError;
+use super::input::{InputKey, StepInput, check_batch};
+use super::mode::{FallbackReason, StepMode};
+use super::registry::{Registration, TrainerId};
+use super::report::TrainerReport;
+use crate::backend::{CaptureSession, GraphBackend, GraphCapture, GraphError, Recording};
+use crate::optim::CapturableOptimizer;
+
+/// The backend a trainer runs its steps on: autodiff over the decorator over `G`.
+///
+/// The decorator is not optional: without it the trainer could not see the step's op
+/// signature or its capture breakers, and could not tell a static step from one that
+/// would replay wrongly.
+pub type TrainBackend<G> = Autodiff<GraphCapture<G>>;
+
+/// The result of one step.
+#[derive(Debug)]
+pub struct StepOutcome<G: GraphBackend> {
+    /// The step's loss, detached from the autodiff graph.
+    pub loss: Tensor<TrainBackend<G>, 1>,
+    /// How the step ran.
+    pub mode: StepMode,
+}
+
+/// Trains a model with one optimizer step per call, as a CUDA graph where that is safe.
+///
+/// Each input shape goes through eager warmup steps whose op signatures must match,
+/// then (on backends with hardware graphs) is captured once and replayed. Every step is
+/// guarded: a batch of a new shape, a parameter shared with another trainer, or a step
+/// with capture breakers runs eagerly, and [`StepMode::Eager`] says why.
+///
+/// # Panics in the step closure
+/// The closure borrows the model, and the update is applied only after it returns. A
+/// panic in the closure therefore propagates to the caller with the model and the
+/// optimizer state as they were before the step; the trainer remains usable and the
+/// step is not counted.
+pub struct GraphTrainer<G, M, O, I, F>
+where
+    G: GraphBackend,
+{
+    id: TrainerId,
+    config: GraphTrainerConfig,
+    device: G::Device,
+    model: Option<M>,
+    optimizer: O,
+    step_fn: F,
+    cache: GraphCache<G::Graph>,
+    /// Registered buffers, kept alive so that their identities stay unique.
+    registration: Registration<FloatTensor<G>>,
+    shared_with: Option<TrainerId>,
+    report: TrainerReport,
+    last_mode: Option<StepMode>,
+    _input: PhantomData<fn(&I)>,
+}
+
+impl<G, M, O, I, F> GraphTrainer<G, M, O, I, F>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>>,
+    I: StepInput<TrainBackend<G>>,
+    F: FnMut(&M, &I) -> Tensor<TrainBackend<G>, 1>,
+{
+    /// A trainer for `model`, updated by `optimizer`, with `step_fn` computing the loss
+    /// of one batch. The optimizer's state is created now, so every step runs the same
+    /// ops, and the model's buffers are registered (a share with another trainer is
+    /// detected here).
+    pub fn new(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        optimizer.init_state(&model);
+        let id = TrainerId::next();
+        let mut trainer = Self {
+            id,
+            cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
+            config,
+            device,
+            model: Some(model),
+            optimizer,
+            step_fn,
+            registration: Registration::new(id),
+            shared_with: None,
+            report: TrainerReport {
+                trainer: Some(id),
+                ..TrainerReport::default()
+            },
+            last_mode: None,
+            _input: PhantomData,
+        };
+        trainer.register_buffers();
+        trainer
+    }
+
+    /// Runs one training step on `batch`.
+    pub fn step(&mut self, batch: I) -> Result<StepOutcome<G>, StepError> {
+        if self.model.is_none() {
+            return Err(StepError::ModelTakenOut);
+        }
+        let key = check_batch::<G>(&batch.float_tensors(), &self.device)?;
+        let plan = match self.shared_with {
+            Some(other) => Plan::Eager(FallbackReason::SharedWithTrainer(other)),
+            None => self
+                .cache
+                .plan(&key, G::supports_hardware_graphs(&self.device)),
+        };
+        let (loss, mode) = match plan {
+            Plan::Warmup => self.warmup_step(&key, &batch)?,
+            Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
+            Plan::Capture | Plan::Replay => self.graph_step(&key, &batch)?,
+        };
+        self.finish_step(&mode);
+        Ok(StepOutcome { loss, mode })
+    }
+
+    /// Sets the learning rate of the following steps, without re-capturing.
+    pub fn set_lr(&mut self, lr: LearningRate) {
+        self.optimizer.set_lr(lr);
+    }
+
+    /// The model, for evaluation.
+    pub fn model(&self) -> Option<&M> {
+        self.model.as_ref()
+    }
+
+    /// Takes the model out (to save it, say). Steps fail with
+    /// [`StepError::ModelTakenOut`] until it is put back.
+    pub fn take_model(&mut self) -> Option<M> {
+        self.model.take()
+    }
+
+    /// Puts a model back. Its buffers are registered again, so a model that now shares
+    /// a buffer with another trainer is detected.
+    pub fn put_model(&mut self, model: M) {
+        self.optimizer.init_state(&model);
+        self.model = Some(model);
+        self.register_buffers();
+    }
+
+    /// The optimizer, for saving its record.
+    pub fn optimizer(&self) -> &O {
+        &self.optimizer
+    }
+
+    /// The configuration the trainer was made with.
+    pub fn config(&self) -> &GraphTrainerConfig {
+        &self.config
+    }
+
+    /// This trainer's identity in the share registry and in logs.
+    pub fn id(&self) -> TrainerId {
+        self.id
+    }
+
+    /// What the trainer did so far.
+    pub fn report(&self) -> TrainerReport {
+        TrainerReport {
+            graphs_alive: self.cache.graphs_alive(),
+            shared_with: self.shared_with,
+            ..self.report.clone()
+        }
+    }
+
+    /// Gives back the model and the optimizer; the trainer's buffers are unregistered.
+    pub fn into_parts(self) -> (Option<M>, O) {
+        (self.model, self.optimizer)
+    }
+
+    fn warmup_step(&mut self, key: &InputKey, batch: &I) -> Result<(Loss<G>, StepMode), StepError> {
+        let (loss, recording) = self.eager_step(batch, true)?;
+        let recording = recording.unwrap_or_default();
+        let mode = match self.cache.warmed(key, recording) {
+            Some(reason) => StepMode::Eager(reason),
+            None => StepMode::Eager(FallbackReason::Warmup),
+        };
+        Ok((loss, mode))
+    }
+
+    /// Capture and replay land with the CUDA runtime. Until then no backend of this
+    /// crate reports hardware graphs; one that does gets an honest eager fallback.
+    fn graph_step(&mut self, key: &InputKey, batch: &I) -> Result<(Loss<G>, StepMode), StepError> {
+        let reason = FallbackReason::Graph(GraphError::Runtime(
+            "this trainer does not capture graphs yet".into(),
+        ));
+        self.cache.disable(key, reason.clone());
+        let (loss, _) = self.eager_step(batch, false)?;
+        Ok((loss, StepMode::Eager(reason)))
+    }
+
+    /// One eager optimizer step, optionally recorded.
+    fn eager_step(
+        &mut self,
+        batch: &I,
+        record: bool,
+    ) -> Result<(Loss<G>, Option<Recording>), StepError> {
+        let session = record.then(CaptureSession::begin);
+        let model = self.model.as_ref().ok_or(StepError::ModelTakenOut)?;
+        let loss = (self.step_fn)(model, batch);
+        let [elements] = loss.dims();
+        if elements != 1 {
+            return Err(StepError::NonScalarLoss {
+                shape: vec![elements],
+            });
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        let model = self.model.take().ok_or(StepError::ModelTakenOut)?;
+        self.model = Some(self.optimizer.step(model, grads));
+        let recording = session.map(CaptureSession::finish);
+        self.register_buffers();
+        Ok((loss.detach(), recording))
+    }
+
+    fn finish_step(&mut self, mode: &StepMode) {
+        self.report.count(mode);
+        let changed = self.last_mode.as_ref() != Some(mode);
+        if changed {
+            tracing::info!(trainer = self.id.0, mode = mode.kind(), detail = ?mode, "graph trainer mode change");
+            self.last_mode = Some(mode.clone());
+        }
+        tracing::debug!(trainer = self.id.0, step = self.report.steps, mode = ?mode, "graph trainer step");
+    }
+
+    /// Registers the current parameter and optimizer-state buffers, releasing the
+    /// previous ones.
+    fn register_buffers(&mut self) {
+        let mut buffers = Vec::new();
+        if let Some(model) = &self.model {
+            let mut collect = CollectBuffers::<G>(&mut buffers);
+            model.visit(&mut collect);
+        }
+        self.optimizer.visit_state(&mut |_, tensor| {
+            buffers.push(tensor.clone().into_primitive().tensor());
+        });
+        let buffers = buffers
+            .into_iter()
+            .filter_map(|tensor| G::buffer_id(&tensor).map(|id| (id, tensor)))
+            .collect();
+        let shared = self.registration.replace(buffers);
+        if shared.is_some() && self.shared_with.is_none() {
+            tracing::info!(trainer = self.id.0, shared_with = ?shared, "trainer shares a buffer; running eagerly");
+        }
+        self.shared_with = shared;
+    }
+}
+
+/// A step's loss.
+type Loss<G> = Tensor<TrainBackend<G>, 1>;
+
+/// Collects the inner-backend primitives of a module's float parameters.
+struct CollectBuffers<'a, G: GraphBackend>(&'a mut Vec<FloatTensor<G>>);
+
+impl<G: GraphBackend> ModuleVisitor<TrainBackend<G>> for CollectBuffers<'_, G> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend<G>, D>>) {
+        self.0.push(param.val().inner().into_primitive().tensor());
+    }
+}
