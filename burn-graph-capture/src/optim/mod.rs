@@ -11,6 +11,24 @@
 //! flattened copy of the parameter's shape, and scalars are tensors of shape `[1]`. The
 //! step API can therefore pin, copy and compare state without knowing parameter ranks.
 
+mod adam;
+mod capturable;
+mod mapping;
+mod record;
+mod rule;
+mod scalars;
+mod sgd;
+
+pub use adam::{
+    AdamRule, AdamTerms, AdamWRule, AdamWTerms, CapturableAdam, CapturableAdamConfig,
+    CapturableAdamW, CapturableAdamWConfig,
+};
+pub use capturable::Capturable;
+pub use record::{CapturableRecord, CapturableRecordItem};
+pub use rule::UpdateRule;
+pub use scalars::{BiasCorrection, DeviceScalars, approximate_bias_correction, started};
+pub use sgd::{CapturableSgd, CapturableSgdConfig, SgdRule, SgdTerms};
+
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::{GradientsParams, LearningRate};
 use burn::record::Record;
@@ -65,10 +83,7 @@ where
     fn set_lr(&mut self, lr: LearningRate);
 
     /// Calls `visitor` on every state tensor, in a stable order.
-    fn visit_state(
-        &mut self,
-        visitor: &mut dyn FnMut(StateSlot, &mut Tensor<B::InnerBackend, 1>),
-    );
+    fn visit_state(&mut self, visitor: &mut dyn FnMut(StateSlot, &mut Tensor<B::InnerBackend, 1>));
 
     /// The state as a record.
     fn to_record(&self) -> Self::Record;

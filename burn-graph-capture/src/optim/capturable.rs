@@ -1,0 +1,165 @@
+//! [`Capturable`]: an [`UpdateRule`] plus its device state, as an optimizer.
+//!
+//! It implements both this crate's [`CapturableOptimizer`] (what the step API captures)
+//! and Burn's own [`Optimizer`], so the same optimizer, and its checkpoints, also work in
+//! an ordinary Burn training loop.
+//!
+//! Two entry points, on purpose:
+//! - [`CapturableOptimizer::step`] takes no learning rate. It reads the learning-rate
+//!   tensor, which [`CapturableOptimizer::set_lr`] (or the step API, writing into the
+//!   pinned buffer) changes between steps. This is the one to capture.
+//! - [`Optimizer::step`] takes `lr: f64` as Burn's trait demands. It first uploads `lr`
+//!   into the learning-rate tensor, then steps. The upload is a host-to-device transfer,
+//!   so this entry point is for eager training only; the arithmetic is the same.
+
+use std::collections::BTreeMap;
+
+use burn::module::AutodiffModule;
+use burn::optim::grad_clipping::GradientClipping;
+use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::mapping::{Grads, Inner, ParamStates, RuleMapper, StateInit};
+use super::{CapturableOptimizer, CapturableRecord, DeviceScalars, StateSlot, UpdateRule};
+
+/// A capturable optimizer: the rule `R` (SGD, Adam, AdamW) and all its state on the
+/// device. Built by the configs, e.g. [`CapturableAdamConfig`](super::CapturableAdamConfig).
+///
+/// The step count is global: it advances once per step, not per parameter. Burn counts
+/// per parameter, so the two differ only for a parameter that misses its gradient in
+/// some steps (e.g. one that is used conditionally); with static control flow, which
+/// capture requires anyway, every parameter gets a gradient every step.
+#[derive(Clone)]
+pub struct Capturable<R, B: AutodiffBackend> {
+    rule: R,
+    clipping: Option<GradientClipping>,
+    scalars: DeviceScalars<Inner<B>>,
+    states: ParamStates<Inner<B>>,
+}
+
+impl<R, B> Capturable<R, B>
+where
+    R: UpdateRule<Inner<B>>,
+    B: AutodiffBackend,
+{
+    /// An optimizer with learning rate `lr`, no steps taken, on `device`.
+    pub fn new(
+        rule: R,
+        clipping: Option<GradientClipping>,
+        lr: LearningRate,
+        device: &B::Device,
+    ) -> Self {
+        Self {
+            rule,
+            clipping,
+            scalars: DeviceScalars::new(lr, device),
+            states: BTreeMap::new(),
+        }
+    }
+
+    /// The update rule (its constants).
+    pub fn rule(&self) -> &R {
+        &self.rule
+    }
+
+    /// The learning-rate and step-count tensors.
+    pub fn scalars(&self) -> &DeviceScalars<Inner<B>> {
+        &self.scalars
+    }
+
+    fn step_grads<M: AutodiffModule<B>>(&mut self, module: M, mut grads: Grads) -> M {
+        let (before, after) = self.scalars.advance();
+        let terms = self.rule.terms(&self.scalars.lr, &before, &after);
+        module.map(&mut RuleMapper::<B, R> {
+            rule: &self.rule,
+            terms: &terms,
+            clipping: self.clipping.as_ref(),
+            grads: &mut grads,
+            states: &mut self.states,
+        })
+    }
+}
+
+impl<R, M, B> CapturableOptimizer<M, B> for Capturable<R, B>
+where
+    R: UpdateRule<Inner<B>>,
+    M: AutodiffModule<B>,
+    B: AutodiffBackend,
+{
+    type Record = CapturableRecord<B>;
+
+    fn init_state(&mut self, module: &M) {
+        module.visit(&mut StateInit {
+            states: &mut self.states,
+            slots: self.rule.slots(),
+        });
+    }
+
+    fn step(&mut self, module: M, grads: GradientsParams) -> M {
+        self.step_grads(module, Grads::Single(grads))
+    }
+
+    fn set_lr(&mut self, lr: LearningRate) {
+        self.scalars.set_lr(lr);
+    }
+
+    fn visit_state(&mut self, visitor: &mut dyn FnMut(StateSlot, &mut Tensor<Inner<B>, 1>)) {
+        visitor(StateSlot::LearningRate, &mut self.scalars.lr);
+        visitor(StateSlot::StepCount, &mut self.scalars.step);
+        for (id, state) in self.states.iter_mut() {
+            for (index, tensor) in state.iter_mut().enumerate() {
+                visitor(StateSlot::Param { id: *id, index }, tensor);
+            }
+        }
+    }
+
+    fn to_record(&self) -> Self::Record {
+        CapturableRecord {
+            lr: self.scalars.lr.clone(),
+            step: self.scalars.step.clone(),
+            params: self.states.clone(),
+        }
+    }
+
+    fn load_record(mut self, record: Self::Record) -> Self {
+        self.scalars = DeviceScalars {
+            lr: record.lr,
+            step: record.step,
+        };
+        self.states = record.params;
+        self
+    }
+}
+
+/// Burn's optimizer trait. `lr` is uploaded into the learning-rate tensor before the
+/// step (eager use only, see the module docs); records are the same as above.
+impl<R, M, B> Optimizer<M, B> for Capturable<R, B>
+where
+    R: UpdateRule<Inner<B>>,
+    M: AutodiffModule<B>,
+    B: AutodiffBackend,
+{
+    type Record = CapturableRecord<B>;
+
+    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
+        self.scalars.set_lr(lr);
+        self.step_grads(module, Grads::Single(grads))
+    }
+
+    /// Sums each parameter's gradients from all devices onto the parameter's device,
+    /// as Burn does; the optimizer's own state stays on the device it was built on, so
+    /// parameters must live there too.
+    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
+        self.scalars.set_lr(lr);
+        self.step_grads(module, Grads::Multi(grads))
+    }
+
+    fn to_record(&self) -> Self::Record {
+        CapturableOptimizer::<M, B>::to_record(self)
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        CapturableOptimizer::<M, B>::load_record(self, record)
+    }
+}
