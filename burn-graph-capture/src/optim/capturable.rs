@@ -11,6 +11,12 @@
 //! - [`Optimizer::step`] takes `lr: f64` as Burn's trait demands. It first uploads `lr`
 //!   into the learning-rate tensor, then steps. The upload is a host-to-device transfer,
 //!   so this entry point is for eager training only; the arithmetic is the same.
+//!
+//! Both traits name their methods `step`, `to_record` and `load_record`, so a call on
+//! the concrete type would be ambiguous with both in scope. The capturable API is
+//! therefore also inherent: `optim.step(module, grads)` always means the capturable
+//! step; Burn's is `Optimizer::step(&mut optim, lr, module, grads)` (generic code bound
+//! by `O: Optimizer` calls it as usual).
 
 use std::collections::BTreeMap;
 
@@ -68,6 +74,45 @@ where
         &self.scalars
     }
 
+    /// Creates zero state for every trainable parameter of `module` that has none.
+    /// See [`CapturableOptimizer::init_state`].
+    pub fn init_state<M: AutodiffModule<B>>(&mut self, module: &M) {
+        module.visit(&mut StateInit {
+            states: &mut self.states,
+            slots: self.rule.slots(),
+        });
+    }
+
+    /// One update with the learning rate in the lr tensor. See
+    /// [`CapturableOptimizer::step`].
+    pub fn step<M: AutodiffModule<B>>(&mut self, module: M, grads: GradientsParams) -> M {
+        self.step_grads(module, Grads::Single(grads))
+    }
+
+    /// Replaces the learning-rate tensor. See [`CapturableOptimizer::set_lr`].
+    pub fn set_lr(&mut self, lr: LearningRate) {
+        self.scalars.set_lr(lr);
+    }
+
+    /// The state as a record (a copy of the tensor handles).
+    pub fn to_record(&self) -> CapturableRecord<B> {
+        CapturableRecord {
+            lr: self.scalars.lr.clone(),
+            step: self.scalars.step.clone(),
+            params: self.states.clone(),
+        }
+    }
+
+    /// Restores the state, learning rate and step count from a record.
+    pub fn load_record(mut self, record: CapturableRecord<B>) -> Self {
+        self.scalars = DeviceScalars {
+            lr: record.lr,
+            step: record.step,
+        };
+        self.states = record.params;
+        self
+    }
+
     fn step_grads<M: AutodiffModule<B>>(&mut self, module: M, mut grads: Grads) -> M {
         let (before, after) = self.scalars.advance();
         let terms = self.rule.terms(&self.scalars.lr, &before, &after);
@@ -90,18 +135,15 @@ where
     type Record = CapturableRecord<B>;
 
     fn init_state(&mut self, module: &M) {
-        module.visit(&mut StateInit {
-            states: &mut self.states,
-            slots: self.rule.slots(),
-        });
+        Capturable::init_state(self, module);
     }
 
     fn step(&mut self, module: M, grads: GradientsParams) -> M {
-        self.step_grads(module, Grads::Single(grads))
+        Capturable::step(self, module, grads)
     }
 
     fn set_lr(&mut self, lr: LearningRate) {
-        self.scalars.set_lr(lr);
+        Capturable::set_lr(self, lr);
     }
 
     fn visit_state(&mut self, visitor: &mut dyn FnMut(StateSlot, &mut Tensor<Inner<B>, 1>)) {
@@ -115,20 +157,11 @@ where
     }
 
     fn to_record(&self) -> Self::Record {
-        CapturableRecord {
-            lr: self.scalars.lr.clone(),
-            step: self.scalars.step.clone(),
-            params: self.states.clone(),
-        }
+        Capturable::to_record(self)
     }
 
-    fn load_record(mut self, record: Self::Record) -> Self {
-        self.scalars = DeviceScalars {
-            lr: record.lr,
-            step: record.step,
-        };
-        self.states = record.params;
-        self
+    fn load_record(self, record: Self::Record) -> Self {
+        Capturable::load_record(self, record)
     }
 }
 
@@ -156,10 +189,10 @@ where
     }
 
     fn to_record(&self) -> Self::Record {
-        CapturableOptimizer::<M, B>::to_record(self)
+        Capturable::to_record(self)
     }
 
     fn load_record(self, record: Self::Record) -> Self {
-        CapturableOptimizer::<M, B>::load_record(self, record)
+        Capturable::load_record(self, record)
     }
 }
