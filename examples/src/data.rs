@@ -5,6 +5,9 @@
 //! Batches come from a seeded RNG, so every backend sees the same data.
 
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::FloatTensor;
+use burn_graph_capture::StepInput;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -13,6 +16,13 @@ use rand::{RngExt, SeedableRng};
 pub struct Batch<B: Backend> {
     pub x: Tensor<B, 3>,
     pub y: Tensor<B, 3>,
+}
+
+/// The trainer keys graphs by, and checks, the batch's two tensors.
+impl<B: AutodiffBackend> StepInput<B> for Batch<B> {
+    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
+        (self.x.clone(), self.y.clone()).float_tensors()
+    }
 }
 
 /// Generator of sine-forecasting batches.

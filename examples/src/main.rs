@@ -1,14 +1,15 @@
-//! Trains the example LSTM through `GraphCapture` and prints its losses.
+//! Trains the example LSTM with `GraphTrainer` and prints its losses and report.
 //!
-//! `cargo run --release -p lstm-example` trains on the CPU (Flex).
+//! `cargo run --release -p lstm-example` trains on the CPU (Flex): every step runs
+//! eagerly, and the report says why (`NoHardwareGraphs` after warmup).
 
-use burn::backend::{Autodiff, Flex};
-use burn::optim::AdamConfig;
-use burn_graph_capture::GraphCapture;
-use lstm_example::train::train_eager;
-use lstm_example::{LstmRegressorConfig, SineTask};
+use burn::backend::Flex;
+use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend};
+use lstm_example::train::{from_bytes, to_bytes};
+use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
-type Backend = Autodiff<GraphCapture<Flex>>;
+type B = TrainBackend<Flex>;
 
 const STEPS: usize = 30;
 const BATCH: usize = 16;
@@ -18,19 +19,30 @@ const LR: f64 = 1e-2;
 
 fn main() {
     let device = Default::default();
-    let mut model = LstmRegressorConfig::new(HIDDEN).init::<Backend>(&device);
-    let mut optimizer = AdamConfig::new().init();
+    let config = LstmRegressorConfig::new(HIDDEN);
+    // Materialize the lazily initialized weights before handing the model over.
+    let model = from_bytes::<B>(&config, to_bytes(config.init::<Flex>(&device)), &device);
+    let optimizer = CapturableAdamConfig::new()
+        .with_learning_rate(LR)
+        .init::<B>(&device);
+    let loss =
+        |model: &LstmRegressor<B>, batch: &Batch<B>| model.loss(batch.x.clone(), batch.y.clone());
+    let mut trainer = GraphTrainer::new(model, optimizer, loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(7, 32);
-    println!("training LSTM (batch {BATCH}, time {TIME}, hidden {HIDDEN}) on GraphCapture<Flex>");
-    let losses = train_eager(
-        &mut model,
-        &mut optimizer,
-        &mut task,
-        (BATCH, TIME),
-        STEPS,
-        LR,
+
+    println!(
+        "training LSTM (batch {BATCH}, time {TIME}, hidden {HIDDEN}) with GraphTrainer on Flex"
     );
-    for (step, loss) in losses.iter().enumerate() {
-        println!("step {:>3}  loss {loss:.6}", step + 1);
+    for step in 1..=STEPS {
+        let batch = task.next_batch::<B>(BATCH, TIME, &device);
+        let outcome = trainer.step(batch).expect("a well-formed batch");
+        let loss: f32 = outcome.loss.into_scalar();
+        let mode = match &outcome.mode {
+            StepMode::Eager(reason) => format!("eager ({reason})"),
+            other => other.kind().to_lowercase(),
+        };
+        println!("step {step:>3}  loss {loss:.6}  {mode}");
     }
+    let report = serde_json::to_string_pretty(&trainer.report()).expect("reports serialize");
+    println!("report: {report}");
 }

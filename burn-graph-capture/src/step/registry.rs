@@ -72,6 +72,12 @@ pub(crate) fn reregister(
     registry.shared.get(&trainer).copied()
 }
 
+/// The trainer `trainer` shares a buffer with, if any. Checked before every step: the
+/// other trainer may have registered since this one last did.
+pub(crate) fn shared_with(trainer: TrainerId) -> Option<TrainerId> {
+    registry().shared.get(&trainer).copied()
+}
+
 /// Forgets a dropped trainer: its buffers, and the shares that named it.
 pub(crate) fn unregister(trainer: TrainerId, ids: &[BufferId]) {
     let mut registry = registry();

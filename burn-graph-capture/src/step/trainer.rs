@@ -13,7 +13,7 @@ use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::input::{InputKey, StepInput, check_batch};
 use super::mode::{FallbackReason, StepMode};
-use super::registry::{Registration, TrainerId};
+use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use crate::backend::{CaptureSession, GraphBackend, GraphCapture, GraphError, Recording};
 use crate::optim::CapturableOptimizer;
@@ -108,6 +108,7 @@ where
             return Err(StepError::ModelTakenOut);
         }
         let key = check_batch::<G>(&batch.float_tensors(), &self.device)?;
+        self.shared_with = registry::shared_with(self.id);
         let plan = match self.shared_with {
             Some(other) => Plan::Eager(FallbackReason::SharedWithTrainer(other)),
             None => self

@@ -1,0 +1,192 @@
+//! `GraphTrainer`'s API: bad input, panics, taking the model out, lr changes, report.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::backend::Flex;
+use burn::prelude::*;
+use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
+use burn_graph_capture::{
+    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepMode, TrainBackend,
+    TrainerReport,
+};
+use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
+use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+
+type B = TrainBackend<Flex>;
+type Model = LstmRegressor<B>;
+
+fn model_bytes() -> Vec<u8> {
+    to_bytes(LstmRegressorConfig::new(8).init::<Flex>(&Default::default()))
+}
+
+fn model(bytes: &[u8]) -> Model {
+    from_bytes(
+        &LstmRegressorConfig::new(8),
+        bytes.to_vec(),
+        &Default::default(),
+    )
+}
+
+fn adam() -> CapturableAdam<B> {
+    CapturableAdamConfig::new()
+        .with_learning_rate(1e-2)
+        .init::<B>(&Default::default())
+}
+
+fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
+    model.loss(batch.x.clone(), batch.y.clone())
+}
+
+fn batch(task: &mut SineTask) -> Batch<B> {
+    task.next_batch(4, 6, &Default::default())
+}
+
+/// Losses of `steps` trainer steps on batches of seed `seed`.
+fn losses<F>(
+    trainer: &mut GraphTrainer<Flex, Model, CapturableAdam<B>, Batch<B>, F>,
+    seed: u64,
+    steps: usize,
+) -> Vec<f32>
+where
+    F: FnMut(&Model, &Batch<B>) -> Tensor<B, 1>,
+{
+    let mut task = SineTask::new(seed, 32);
+    (0..steps)
+        .map(|_| trainer.step(batch(&mut task)).unwrap().loss.into_scalar())
+        .collect()
+}
+
+#[test]
+fn an_empty_batch_is_refused_and_changes_nothing() {
+    let bytes = model_bytes();
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let empty = SineTask::new(1, 32).next_batch::<B>(0, 6, &Default::default());
+    let error = trainer.step(empty).unwrap_err();
+    assert!(matches!(error, StepError::EmptyBatch(_)), "{error}");
+    assert!(parameter_bits(trainer.model().unwrap()) == parameter_bits(&model(&bytes)));
+    assert_eq!(trainer.report().steps, 0);
+    assert!(
+        trainer.step(batch(&mut SineTask::new(1, 32))).is_ok(),
+        "still usable"
+    );
+}
+
+#[test]
+fn a_non_scalar_loss_is_refused_and_changes_nothing() {
+    let bytes = model_bytes();
+    let per_sample = |model: &Model, batch: &Batch<B>| {
+        let error = model.forward(batch.x.clone()) - batch.y.clone();
+        error
+            .powi_scalar(2)
+            .mean_dim(1)
+            .mean_dim(2)
+            .flatten::<1>(0, 2)
+    };
+    let mut trainer =
+        GraphTrainer::new(model(&bytes), adam(), per_sample, GraphTrainerConfig::new());
+    let error = trainer.step(batch(&mut SineTask::new(1, 32))).unwrap_err();
+    assert_eq!(error, StepError::NonScalarLoss { shape: vec![4] });
+    assert!(parameter_bits(trainer.model().unwrap()) == parameter_bits(&model(&bytes)));
+    assert_eq!(trainer.report().steps, 0);
+}
+
+#[test]
+fn a_panicking_step_closure_keeps_the_model() {
+    let bytes = model_bytes();
+    let mut calls = 0;
+    let flaky = move |model: &Model, batch: &Batch<B>| {
+        calls += 1;
+        if calls == 2 {
+            panic!("user code failed");
+        }
+        loss(model, batch)
+    };
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), flaky, GraphTrainerConfig::new());
+    let mut task = SineTask::new(2, 32);
+    trainer.step(batch(&mut task)).unwrap();
+    let before = parameter_bits(trainer.model().unwrap());
+    let result = catch_unwind(AssertUnwindSafe(|| trainer.step(batch(&mut task))));
+    assert!(result.is_err(), "the panic reaches the caller");
+    assert!(
+        parameter_bits(trainer.model().unwrap()) == before,
+        "model unchanged"
+    );
+    assert_eq!(trainer.report().steps, 1, "the failed step is not counted");
+    let next = trainer.step(batch(&mut task)).unwrap();
+    assert_eq!(next.mode, StepMode::Eager(FallbackReason::Warmup));
+}
+
+#[test]
+fn the_model_can_be_taken_out_and_put_back() {
+    let bytes = model_bytes();
+    let mut interrupted = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let mut task = SineTask::new(3, 32);
+    let mut got = Vec::new();
+    for step in 0..6 {
+        if step == 3 {
+            let model = interrupted.take_model().unwrap();
+            assert_eq!(
+                interrupted
+                    .step(batch(&mut SineTask::new(9, 32)))
+                    .unwrap_err(),
+                StepError::ModelTakenOut
+            );
+            // Evaluate it, as a user would between steps.
+            let _ = model
+                .forward(batch(&mut SineTask::new(9, 32)).x)
+                .into_data();
+            interrupted.put_model(model);
+        }
+        got.push(
+            interrupted
+                .step(batch(&mut task))
+                .unwrap()
+                .loss
+                .into_scalar(),
+        );
+    }
+    let mut straight = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    assert_eq!(got, losses(&mut straight, 3, 6));
+    assert!(
+        parameter_bits(interrupted.model().unwrap()) == parameter_bits(straight.model().unwrap())
+    );
+}
+
+#[test]
+fn the_learning_rate_can_change_every_step() {
+    let bytes = model_bytes();
+    let mut scheduled = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let mut task = SineTask::new(4, 32);
+    let mut modes = Vec::new();
+    let with_schedule: Vec<f32> = (0..6)
+        .map(|step| {
+            scheduled.set_lr(1e-2 / (1.0 + step as f64));
+            let outcome = scheduled.step(batch(&mut task)).unwrap();
+            modes.push(outcome.mode);
+            outcome.loss.into_scalar()
+        })
+        .collect();
+    assert_eq!(
+        modes[3],
+        StepMode::Eager(FallbackReason::NoHardwareGraphs),
+        "a changing lr keeps the step static"
+    );
+    let mut constant = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let without = losses(&mut constant, 4, 6);
+    assert_eq!(with_schedule[0], without[0]);
+    assert_ne!(with_schedule[5], without[5], "the schedule took effect");
+}
+
+#[test]
+fn the_report_round_trips_through_json() {
+    let bytes = model_bytes();
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    losses(&mut trainer, 5, 4);
+    let report = trainer.report();
+    let json = serde_json::to_string_pretty(&report).unwrap();
+    let back: TrainerReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, report);
+    assert_eq!(back.steps, 4);
+    assert_eq!(back.trainer, Some(trainer.id()));
+    assert!(json.contains("\"NoHardwareGraphs\": 1"), "{json}");
+}

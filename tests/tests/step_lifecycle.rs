@@ -1,0 +1,286 @@
+//! `GraphTrainer` on the CPU: warmup, per-shape accounting, fallbacks, and parity with
+//! plain eager training.
+
+use burn::backend::Flex;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
+use burn_graph_capture::{
+    BreakerKind, FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
+};
+use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
+use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+
+type B = TrainBackend<Flex>;
+type Model = LstmRegressor<B>;
+
+fn config() -> LstmRegressorConfig {
+    LstmRegressorConfig::new(8)
+}
+
+fn model_bytes() -> Vec<u8> {
+    to_bytes(config().init::<Flex>(&Default::default()))
+}
+
+fn model(bytes: &[u8]) -> Model {
+    from_bytes(&config(), bytes.to_vec(), &Default::default())
+}
+
+fn adam() -> CapturableAdam<B> {
+    CapturableAdamConfig::new()
+        .with_learning_rate(1e-2)
+        .init::<B>(&Default::default())
+}
+
+fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
+    model.loss(batch.x.clone(), batch.y.clone())
+}
+
+fn reason(mode: &StepMode) -> &FallbackReason {
+    match mode {
+        StepMode::Eager(reason) => reason,
+        other => panic!("expected an eager step, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_steps_warm_up_then_report_no_hardware_graphs() {
+    let bytes = model_bytes();
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let mut task = SineTask::new(1, 32);
+    let device = Default::default();
+    let modes: Vec<_> = (0..5)
+        .map(|_| trainer.step(task.next_batch(4, 6, &device)).unwrap().mode)
+        .collect();
+    let warmup = StepMode::Eager(FallbackReason::Warmup);
+    let no_graphs = StepMode::Eager(FallbackReason::NoHardwareGraphs);
+    assert_eq!(
+        modes,
+        [
+            warmup.clone(),
+            warmup.clone(),
+            warmup,
+            no_graphs.clone(),
+            no_graphs
+        ]
+    );
+    let report = trainer.report();
+    assert_eq!(report.steps, 5);
+    assert_eq!(report.modes.eager, 5);
+    assert_eq!(report.fallbacks["Warmup"], 3);
+    assert_eq!(report.fallbacks["NoHardwareGraphs"], 2);
+    assert_eq!(report.graphs_alive, 0);
+}
+
+/// The trainer's steps are the same ops as a hand-written loop with the same optimizer.
+#[test]
+fn trainer_training_equals_a_plain_loop() {
+    let bytes = model_bytes();
+    let device = Default::default();
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let mut task = SineTask::new(2, 32);
+    let trained: Vec<f32> = (0..8)
+        .map(|_| {
+            let outcome = trainer.step(task.next_batch(4, 6, &device)).unwrap();
+            outcome.loss.into_scalar()
+        })
+        .collect();
+
+    let mut plain = model(&bytes);
+    let mut optimizer = adam();
+    optimizer.init_state(&plain);
+    let mut task = SineTask::new(2, 32);
+    let looped: Vec<f32> = (0..8)
+        .map(|_| {
+            let batch = task.next_batch::<B>(4, 6, &device);
+            let loss = loss(&plain, &batch);
+            let grads = GradientsParams::from_grads(loss.backward(), &plain);
+            plain = optimizer.step(plain.clone(), grads);
+            loss.into_scalar()
+        })
+        .collect();
+
+    assert_eq!(trained, looped);
+    assert!(parameter_bits(trainer.model().unwrap()) == parameter_bits(&plain));
+}
+
+#[test]
+fn a_new_shape_gets_its_own_warmup_within_the_cache_bound() {
+    let bytes = model_bytes();
+    let device = Default::default();
+    let config = GraphTrainerConfig::new()
+        .with_warmup_steps(1)
+        .with_max_graphs(2);
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, config);
+    let mut task = SineTask::new(3, 32);
+    let mut step = |batch: usize| {
+        let batch = task.next_batch(batch, 6, &device);
+        reason(&trainer.step(batch).unwrap().mode).clone()
+    };
+    assert_eq!(step(4), FallbackReason::Warmup);
+    assert_eq!(step(4), FallbackReason::NoHardwareGraphs);
+    assert_eq!(
+        step(3),
+        FallbackReason::Warmup,
+        "a smaller last batch warms up"
+    );
+    assert_eq!(step(3), FallbackReason::NoHardwareGraphs);
+    assert_eq!(step(2), FallbackReason::GraphCacheFull);
+    assert_eq!(
+        step(4),
+        FallbackReason::NoHardwareGraphs,
+        "old shapes keep their slot"
+    );
+    assert_eq!(trainer.report().fallbacks["GraphCacheFull"], 1);
+}
+
+#[test]
+fn non_static_control_flow_stays_eager() {
+    let bytes = model_bytes();
+    let device = Default::default();
+    let mut calls = 0;
+    let branching = move |model: &Model, batch: &Batch<B>| {
+        calls += 1;
+        let out = model.forward(batch.x.clone());
+        // A host-side branch that changes the ops from one step to the next.
+        let out = if calls % 2 == 0 { out.tanh() } else { out };
+        (out - batch.y.clone()).powi_scalar(2).mean()
+    };
+    let mut trainer =
+        GraphTrainer::new(model(&bytes), adam(), branching, GraphTrainerConfig::new());
+    let mut task = SineTask::new(4, 32);
+    let first = trainer.step(task.next_batch(4, 6, &device)).unwrap().mode;
+    assert_eq!(first, StepMode::Eager(FallbackReason::Warmup));
+    let second = trainer.step(task.next_batch(4, 6, &device)).unwrap().mode;
+    assert!(
+        matches!(reason(&second), FallbackReason::NonStaticControlFlow { .. }),
+        "{second:?}"
+    );
+    let third = trainer.step(task.next_batch(4, 6, &device)).unwrap().mode;
+    assert_eq!(third, second, "the shape stays eager for the same reason");
+}
+
+/// Runs warmup steps with `step_fn` and returns the fallback of the first step.
+fn first_reason(step_fn: impl FnMut(&Model, &Batch<B>) -> Tensor<B, 1>) -> FallbackReason {
+    let bytes = model_bytes();
+    let device = Default::default();
+    let mut trainer = GraphTrainer::new(model(&bytes), adam(), step_fn, GraphTrainerConfig::new());
+    let batch = SineTask::new(5, 32).next_batch(4, 6, &device);
+    let mode = trainer.step(batch).unwrap().mode;
+    reason(&mode).clone()
+}
+
+fn breaker_kind(reason: FallbackReason) -> BreakerKind {
+    match reason {
+        FallbackReason::CaptureBreaker(breaker) => breaker.kind,
+        other => panic!("expected a capture breaker, got {other:?}"),
+    }
+}
+
+#[test]
+fn each_capture_breaker_makes_the_trainer_eager_with_its_reason() {
+    let host_read = first_reason(|model, batch| {
+        let loss = loss(model, batch);
+        let _logged: f32 = loss.clone().into_scalar();
+        loss
+    });
+    assert_eq!(breaker_kind(host_read), BreakerKind::HostRead);
+
+    let rng = first_reason(|model, batch| {
+        let noise = Tensor::random_like(&batch.x, burn::tensor::Distribution::Default);
+        model.loss(batch.x.clone() + noise * 0.01, batch.y.clone())
+    });
+    assert_eq!(breaker_kind(rng), BreakerKind::Rng);
+
+    let transfer = first_reason(|model, batch| {
+        let x = batch.x.clone().to_device(&Default::default());
+        model.loss(x, batch.y.clone())
+    });
+    assert_eq!(breaker_kind(transfer), BreakerKind::DeviceTransfer);
+
+    let data_dependent = first_reason(|model, batch| {
+        let positive = batch.y.clone().greater_elem(0.0).argwhere();
+        let weight = positive.dims()[0] as f32;
+        loss(model, batch) * (1.0 / weight.max(1.0))
+    });
+    assert_eq!(
+        breaker_kind(data_dependent),
+        BreakerKind::DataDependentShape
+    );
+}
+
+/// Two trainers whose models alias the same parameter buffers: both run eagerly with
+/// the reason, and train exactly as two plain eager trainers would.
+#[test]
+fn a_shared_parameter_makes_both_trainers_eager_and_correct() {
+    let bytes = model_bytes();
+    let device = Default::default();
+    let first_model = model(&bytes);
+    let second_model = first_model.clone(); // the same tensors: a share
+    let mut first = GraphTrainer::new(first_model, adam(), loss, GraphTrainerConfig::new());
+    let mut second = GraphTrainer::new(second_model, adam(), loss, GraphTrainerConfig::new());
+    let mut task_a = SineTask::new(6, 32);
+    let mut task_b = SineTask::new(7, 32);
+    let mut losses = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let a = first.step(task_a.next_batch(4, 6, &device)).unwrap();
+        let b = second.step(task_b.next_batch(4, 6, &device)).unwrap();
+        assert_eq!(
+            a.mode,
+            StepMode::Eager(FallbackReason::SharedWithTrainer(second.id()))
+        );
+        assert_eq!(
+            b.mode,
+            StepMode::Eager(FallbackReason::SharedWithTrainer(first.id()))
+        );
+        losses.0.push(a.loss.into_scalar());
+        losses.1.push(b.loss.into_scalar());
+    }
+    assert_eq!(first.report().shared_with, Some(second.id()));
+
+    // The same two trainings, by hand.
+    let eager = |seed| {
+        let mut model = model(&bytes);
+        let mut optimizer = adam();
+        optimizer.init_state(&model);
+        let mut task = SineTask::new(seed, 32);
+        (0..5)
+            .map(|_| {
+                let batch = task.next_batch::<B>(4, 6, &device);
+                let loss = loss(&model, &batch);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(model.clone(), grads);
+                loss.into_scalar()
+            })
+            .collect::<Vec<f32>>()
+    };
+    assert_eq!(losses.0, eager(6));
+    assert_eq!(losses.1, eager(7));
+}
+
+#[test]
+fn trainers_without_shares_are_independent() {
+    let device = Default::default();
+    let mut first = GraphTrainer::new(
+        model(&model_bytes()),
+        adam(),
+        loss,
+        GraphTrainerConfig::new(),
+    );
+    let mut second = GraphTrainer::new(
+        model(&model_bytes()),
+        adam(),
+        loss,
+        GraphTrainerConfig::new(),
+    );
+    let batch = SineTask::new(8, 32).next_batch(4, 6, &device);
+    assert_eq!(
+        first.step(batch.clone()).unwrap().mode,
+        StepMode::Eager(FallbackReason::Warmup)
+    );
+    assert_eq!(
+        second.step(batch).unwrap().mode,
+        StepMode::Eager(FallbackReason::Warmup)
+    );
+    assert_eq!(first.report().shared_with, None);
+}
