@@ -4,38 +4,16 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::backend::Flex;
 use burn::prelude::*;
-use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
+use burn_graph_capture::optim::CapturableAdam;
 use burn_graph_capture::{
-    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepMode, TrainBackend,
-    TrainerReport,
+    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepMode, TrainerReport,
 };
-use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
-use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+use lstm_example::train::parameter_bits;
+use lstm_example::{Batch, SineTask};
 
-type B = TrainBackend<Flex>;
-type Model = LstmRegressor<B>;
+mod common;
 
-fn model_bytes() -> Vec<u8> {
-    to_bytes(LstmRegressorConfig::new(8).init::<Flex>(&Default::default()))
-}
-
-fn model(bytes: &[u8]) -> Model {
-    from_bytes(
-        &LstmRegressorConfig::new(8),
-        bytes.to_vec(),
-        &Default::default(),
-    )
-}
-
-fn adam() -> CapturableAdam<B> {
-    CapturableAdamConfig::new()
-        .with_learning_rate(1e-2)
-        .init::<B>(&Default::default())
-}
-
-fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
-    model.loss(batch.x.clone(), batch.y.clone())
-}
+use common::{B, Model, adam, loss, model, model_bytes};
 
 fn batch(task: &mut SineTask) -> Batch<B> {
     task.next_batch(4, 6, &Default::default())

@@ -1,40 +1,15 @@
 //! `GraphTrainer` on the CPU: warmup, per-shape accounting, fallbacks, and parity with
 //! plain eager training.
 
-use burn::backend::Flex;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
-use burn_graph_capture::{
-    BreakerKind, FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
-};
-use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
-use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+use burn_graph_capture::{BreakerKind, FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
+use lstm_example::train::parameter_bits;
+use lstm_example::{Batch, SineTask};
 
-type B = TrainBackend<Flex>;
-type Model = LstmRegressor<B>;
+mod common;
 
-fn config() -> LstmRegressorConfig {
-    LstmRegressorConfig::new(8)
-}
-
-fn model_bytes() -> Vec<u8> {
-    to_bytes(config().init::<Flex>(&Default::default()))
-}
-
-fn model(bytes: &[u8]) -> Model {
-    from_bytes(&config(), bytes.to_vec(), &Default::default())
-}
-
-fn adam() -> CapturableAdam<B> {
-    CapturableAdamConfig::new()
-        .with_learning_rate(1e-2)
-        .init::<B>(&Default::default())
-}
-
-fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
-    model.loss(batch.x.clone(), batch.y.clone())
-}
+use common::{B, Model, adam, loss, model, model_bytes};
 
 fn reason(mode: &StepMode) -> &FallbackReason {
     match mode {
