@@ -2,6 +2,7 @@
 //!
 //! Every GPU test is `#[ignore]`d: it never passes vacuously on a machine without a GPU.
 //! On the GPU machine run them with `--ignored`; they fail if the GPU or driver is absent.
+//! Names carry a `tN_` prefix so libtest (alphabetical) runs the quick checks first.
 #![cfg(feature = "cuda")]
 
 mod gpu_common;
@@ -211,7 +212,7 @@ fn compare_suites(ours: Vec<(&str, Vec<f32>, bool)>, stock: Vec<(&str, Vec<f32>,
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn smoke_add_matmul_matches_burn_cuda() {
+fn t1_smoke_add_matmul_matches_burn_cuda() {
     let _ = GPU;
     let client = CudaGraphRuntime::try_client(&our_device()).expect("GPU runtime starts");
     drop(client);
@@ -232,7 +233,7 @@ fn smoke_add_matmul_matches_burn_cuda() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn random_and_sync_work() {
+fn t2_random_and_sync_work() {
     let dev = our_device();
     let t = Tensor::<Ours, 2>::random([256, 256], Distribution::Uniform(0.0, 1.0), &dev);
     let mean: f32 = floats(t.mean())[0];
@@ -242,7 +243,7 @@ fn random_and_sync_work() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn op_parity_plain() {
+fn t3_op_parity_plain() {
     compare_suites(
         op_suite::<Ours>(&our_device()),
         op_suite::<Stock>(&stock_device()),
@@ -251,7 +252,7 @@ fn op_parity_plain() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn op_parity_fused() {
+fn t4_op_parity_fused() {
     compare_suites(
         op_suite::<OursFused>(&our_device()),
         op_suite::<StockFused>(&stock_device()),
@@ -279,25 +280,25 @@ fn lstm_parity(config: (usize, usize, usize), steps: usize) {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn lstm_parity_32_64_256() {
+fn t6_lstm_parity_32_64_256() {
     lstm_parity((32, 64, 256), 50);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn lstm_parity_8_64_128() {
+fn t7_lstm_parity_8_64_128() {
     lstm_parity((8, 64, 128), 50);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn lstm_parity_128_32_512() {
+fn t8_lstm_parity_128_32_512() {
     lstm_parity((128, 32, 512), 50);
 }
 
 /// Small enough for compute-sanitizer: a few steps of a tiny LSTM.
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn lstm_parity_small() {
+fn t5_lstm_parity_small() {
     lstm_parity((4, 8, 16), 5);
 }

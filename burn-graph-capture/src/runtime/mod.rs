@@ -16,6 +16,17 @@
 //! - `compile`: NVRTC compilation and the kernel cache;
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
 //! - [`error`]: typed errors.
+//!
+//! Where capture (issue 5) plugs in, without reshaping the above:
+//! - stream mapping: `StreamMap::resolve` is the single place a `StreamId` becomes a CUDA
+//!   stream; a window begins/ends capture on that one stream (no cross-stream waits exist);
+//! - frees: `GpuStorage::hold_frees` keeps page frees queued while a window is open, and the
+//!   drop queue is flushed only from `flush`/launch paths the server controls;
+//! - retention: per-launch metadata uploads are made in `server::upload_metadata`, which
+//!   returns the device handle and parks the pinned staging in the drop queue; a window
+//!   would move both into the graph's retention list instead;
+//! - arena: a second `MemoryManagement<GpuStorage>` beside `ServerStream::gpu` (a pool of its
+//!   own, never cleaned up while a trainer lives).
 
 mod compile;
 mod copy;
