@@ -303,10 +303,9 @@ fn upload_metadata(stream: &mut ServerStream, words: &[u64]) -> Result<Handle, S
     let data = unsafe {
         std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words))
     };
-    let mut staging = reserve_pinned(stream, data.len()).ok_or_else(|| IoError::Unknown {
-        description: "no pinned staging for kernel metadata".into(),
-        backtrace: BackTrace::capture(),
-    })?;
+    // Pinned when the pool can serve it; plain memory otherwise (the copy then stages
+    // synchronously in the driver, still correct).
+    let mut staging = host_buffer(stream, data.len(), true);
     staging.copy_from_slice(data);
 
     let handle = Handle::new(StreamId::current(), data.len() as u64);
