@@ -1,4 +1,135 @@
 //! `CudaGraphRuntime`: this crate's CubeCL runtime for NVIDIA GPUs.
 //!
 //! cubecl-cuda 0.10 keeps its stream and memory pools private, so nothing outside it can
-//! capture its launches; this runtime owns them instead (see DESIGN.md, layer 1).
+//! capture its launches; this runtime owns them instead (see DESIGN.md, layer 1). Outside a
+//! capture window it behaves like stock cubecl-cuda: NVRTC-compiled CUDA C++ from
+//! cubecl-cpp, pooled device memory, pinned staging for transfers.
+//!
+//! Modules, one job each:
+//! - [`device`]: the device type and its own `DeviceId` type id;
+//! - `environment`: finds libcuda, NVRTC and the toolkit headers;
+//! - [`properties`]: which compute capability enables which CubeCL feature;
+//! - `init`: builds a server (context, stream, pools, compiler);
+//! - `server`: the `ComputeServer`;
+//! - `stream`: the one CUDA stream every `StreamId` maps to;
+//! - `storage`: device and pinned pages for the pools;
+//! - `compile`: NVRTC compilation and the kernel cache;
+//! - `copy`: host↔device copies; `fence`: host-waitable stream points;
+//! - [`error`]: typed errors.
+//!
+//! Where capture (issue 5) plugs in, without reshaping the above:
+//! - stream mapping: `StreamMap::resolve` is the single place a `StreamId` becomes a CUDA
+//!   stream; a window begins/ends capture on that one stream (no cross-stream waits exist);
+//! - frees: `GpuStorage::hold_frees` keeps page frees queued while a window is open, and the
+//!   drop queue is flushed only from `flush`/launch paths the server controls;
+//! - retention: per-launch metadata uploads are made in `server::upload_metadata`, which
+//!   returns the device handle and parks the pinned staging in the drop queue; a window
+//!   would move both into the graph's retention list instead;
+//! - arena: a second `MemoryManagement<GpuStorage>` beside `ServerStream::gpu` (a pool of its
+//!   own, never cleaned up while a trainer lives).
+
+mod compile;
+mod copy;
+pub mod device;
+mod environment;
+pub mod error;
+mod fence;
+mod init;
+pub mod properties;
+mod server;
+mod storage;
+mod stream;
+
+pub use compile::{CudaGraphCompiler, nvrtc_options};
+pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
+pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
+pub use error::InitError;
+pub use server::CudaGraphServer;
+pub use storage::GpuResource;
+
+use cubecl_common::device::Device;
+use cubecl_core::{
+    Runtime,
+    client::ComputeClient,
+    device::DeviceId,
+    ir::{ContiguousElements, MatrixLayout, MmaProperties, TargetProperties},
+    zspace::{Shape, Strides, striding::has_pitched_row_major_strides},
+};
+use cubecl_cpp::cuda::mma::contiguous_elements_cuda;
+
+/// The CubeCL runtime of this crate, for NVIDIA GPUs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaGraphRuntime;
+
+impl CudaGraphRuntime {
+    /// Like [`Runtime::client`], but checks the CUDA installation and the device first and
+    /// returns what is missing as an error instead of panicking in the worker thread.
+    pub fn try_client(device: &CudaGraphDevice) -> Result<ComputeClient<Self>, InitError> {
+        check_environment()?;
+        let count = init::device_count()?;
+        if device.index >= count {
+            return Err(InitError::NoSuchDevice {
+                index: device.index,
+                count,
+            });
+        }
+        Ok(ComputeClient::load(device))
+    }
+
+    /// Number of CUDA devices visible to this process.
+    pub fn device_count() -> Result<usize, InitError> {
+        init::device_count()
+    }
+}
+
+impl Runtime for CudaGraphRuntime {
+    type Compiler = CudaGraphCompiler;
+    type Server = CudaGraphServer;
+    type Device = CudaGraphDevice;
+
+    fn client(device: &Self::Device) -> ComputeClient<Self> {
+        ComputeClient::load(device)
+    }
+
+    fn name(_client: &ComputeClient<Self>) -> &'static str {
+        "cuda-graph"
+    }
+
+    fn require_array_lengths() -> bool {
+        true
+    }
+
+    fn max_cube_count() -> (u32, u32, u32) {
+        (i32::MAX as u32, u16::MAX as u32, u16::MAX as u32)
+    }
+
+    fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
+        has_pitched_row_major_strides(shape, strides)
+    }
+
+    fn target_properties() -> TargetProperties {
+        TargetProperties {
+            mma: MmaProperties {
+                register_size_bits: 32,
+                const_plane_size: 32,
+                register_layout_a: MatrixLayout::RowMajor,
+                register_layout_b: MatrixLayout::ColMajor,
+                register_layout_acc: MatrixLayout::RowMajor,
+                register_duplication_a: 1,
+                register_duplication_b: 1,
+                register_duplication_acc: 1,
+                contiguous_elements: ContiguousElements::new(contiguous_elements_cuda),
+            },
+        }
+    }
+
+    fn enumerate_devices(type_id: u16, _info: &()) -> Vec<DeviceId> {
+        if type_id != CUDA_GRAPH_DEVICE_TYPE_ID && type_id != 0 {
+            return Vec::new();
+        }
+        let count = init::device_count().unwrap_or(0);
+        (0..count)
+            .map(|index| CudaGraphDevice::new(index).to_id())
+            .collect()
+    }
+}

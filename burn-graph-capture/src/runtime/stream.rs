@@ -1,0 +1,73 @@
+//! The server's single CUDA stream and everything ordered by it.
+//!
+//! CubeCL tags every call with the caller's `StreamId` (one per thread). Stock
+//! cubecl-cuda maps those onto several CUDA streams and synchronises them with events and
+//! a GC thread. This runtime maps **every** `StreamId` onto one CUDA stream
+//! ([`StreamMap::resolve`] is the one place that mapping lives), so ordering is program
+//! order, there are no cross-stream waits, and a later capture window sees all work of the
+//! step on the stream it captures (DESIGN hazards: "Prefer ... a single stream";
+//! "Every `StreamId` ... must map to the capturing CUDA stream").
+
+use super::{
+    fence::Fence,
+    storage::{GpuStorage, PinnedStorage},
+};
+use cubecl_common::stream_id::StreamId;
+use cubecl_core::server::ServerError;
+use cubecl_runtime::memory_management::{MemoryManagement, drop_queue::PendingDropQueue};
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
+/// The CUDA stream of a server with its pools, drop queue and pending errors.
+#[derive(Debug)]
+pub struct ServerStream {
+    pub stream: Arc<CudaStream>,
+    /// Device memory pools (tensors, per-launch metadata).
+    pub gpu: MemoryManagement<GpuStorage>,
+    /// Pinned host pools (staging for reads and writes).
+    pub pinned: MemoryManagement<PinnedStorage>,
+    /// Host buffers that in-flight copies still read, released after a fence.
+    pub drop_queue: PendingDropQueue<Fence>,
+    /// Errors from asynchronous calls (`launch`, `write`), reported at the next sync/read.
+    pub errors: Vec<ServerError>,
+    /// Logical clock of submissions, stored by the pools with each binding.
+    pub cursor: u64,
+}
+
+impl ServerStream {
+    /// Records a fence after all work queued so far.
+    pub fn fence(&self) -> Fence {
+        Fence::record(&self.stream)
+    }
+
+    /// Advances and returns the submission clock.
+    pub fn tick(&mut self) -> u64 {
+        self.cursor += 1;
+        self.cursor
+    }
+
+    /// Flushes the drop queue if its policy says so (cheap check, called per launch).
+    pub fn maybe_flush_drop_queue(&mut self) {
+        if self.drop_queue.should_flush() {
+            let stream = self.stream.clone();
+            self.drop_queue.flush(|| Fence::record(&stream));
+        }
+    }
+}
+
+/// Maps CubeCL stream ids onto the server's CUDA stream.
+#[derive(Debug)]
+pub struct StreamMap {
+    stream: ServerStream,
+}
+
+impl StreamMap {
+    pub fn new(stream: ServerStream) -> Self {
+        Self { stream }
+    }
+
+    /// The CUDA stream that work tagged `stream_id` runs on: always the same one.
+    pub fn resolve(&mut self, _stream_id: StreamId) -> &mut ServerStream {
+        &mut self.stream
+    }
+}

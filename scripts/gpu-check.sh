@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# GPU checks of CudaGraphRuntime (issue 3), in two halves:
+#
+#   scripts/gpu-check.sh pack [DEST]   on the build machine (Rust, no GPU): builds the
+#       release GPU test binary and the eager bench with --features cuda, strips and
+#       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
+#   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
+#       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
+#       last. WHAT (default "all") is one of: all, smoke, tests, memcheck, bench.
+#
+# Results land in $OUT when it is set (the device tool fetches it), else in .gpu/out.
+set -uo pipefail
+
+mode=${1:-run}
+here=$(cd "$(dirname "$0")" && pwd)
+
+pack() {
+    local dest=${1:-.gpu}
+    mkdir -p "$dest"
+    export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
+    local json
+    json=$(cargo test --release --no-run --features cuda -p burn-graph-capture \
+        --test gpu_runtime --message-format=json 2>/dev/null) || {
+        echo "build of gpu_runtime failed"; exit 1; }
+    local test_bin
+    test_bin=$(echo "$json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_runtime":
+        print(m["executable"])')
+    cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
+        || { echo "build of the bench failed"; exit 1; }
+    local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
+    for pair in "$test_bin:gpu_runtime" "$bench_bin:runtime_eager_bench"; do
+        local src=${pair%%:*} name=${pair##*:}
+        cp "$src" "$dest/$name"
+        strip "$dest/$name" 2>/dev/null || true
+        xz -T2 -6 -f "$dest/$name"
+    done
+    cp "$here/gpu-check.sh" "$dest/gpu-check.sh"
+    ls -la "$dest"
+}
+
+run() {
+    local what=${1:-all}
+    local dir=$here
+    local out=${OUT:-$dir/out}
+    mkdir -p "$out"
+    export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
+    export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
+    export PATH=$CUDA_PATH/bin:$PATH
+    local bin=/tmp/gpu-check-bin
+    mkdir -p "$bin"
+    for name in gpu_runtime runtime_eager_bench; do
+        if [ -f "$dir/$name.xz" ]; then
+            xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
+                || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
+            chmod +x "$bin/$name"
+        fi
+    done
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/machine.txt"
+    nvcc --version | tail -1 | tee -a "$out/machine.txt"
+    date -u | tee -a "$out/machine.txt"
+
+    declare -A status
+    # Cold runs are slow: every kernel is NVRTC-compiled and every matmul shape autotuned,
+    # for both runtimes (about 150 s per LSTM configuration on the H200, 2026-11-30). The
+    # autotune results persist under ./target, so later stages (the bench) start warm.
+    local t_tests=${TESTS_TIMEOUT:-540} t_mem=${MEMCHECK_TIMEOUT:-540} t_bench=${BENCH_TIMEOUT:-300}
+    if [[ $what == smoke ]]; then
+        timeout 200 "$bin/gpu_runtime" --ignored --test-threads=1 --nocapture smoke random_and_sync op_parity_plain 2>&1 | tee "$out/smoke.log"
+        status[smoke]=${PIPESTATUS[0]}
+    fi
+    if [[ $what == all || $what == tests ]]; then
+        # One test at a time: tests share the device servers, and timings inside autotune
+        # are distorted by neighbours.
+        timeout "$t_tests" "$bin/gpu_runtime" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/tests.log"
+        status[tests]=${PIPESTATUS[0]}
+    fi
+    if [[ $what == all || $what == bench ]]; then
+        timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
+        status[bench]=${PIPESTATUS[0]}
+    fi
+    if [[ $what == all || $what == memcheck ]]; then
+        # Last: under the sanitizer every kernel runs 10-100x slower, so only the small tests.
+        timeout "$t_mem" compute-sanitizer --tool memcheck --error-exitcode 17 --print-limit 20 \
+            "$bin/gpu_runtime" --ignored --test-threads=1 smoke random_and_sync op_parity lstm_parity_small \
+            >"$out/memcheck.log" 2>&1
+        status[memcheck]=$?
+        tail -5 "$out/memcheck.log"
+    fi
+
+    echo
+    echo "================ summary ================"
+    cat "$out/machine.txt"
+    for log in smoke tests; do
+        [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \()" "$out/$log.log"
+    done
+    [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
+    [ -f "$out/bench.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/bench.log"
+    echo "| check | exit status |"
+    echo "|---|---|"
+    for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
+}
+
+case $mode in
+pack) shift; pack "$@" ;;
+run) shift; run "$@" ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|memcheck|bench]"; exit 2 ;;
+esac
