@@ -23,6 +23,14 @@ impl<B: AutodiffBackend> StepInput<B> for Batch<B> {
     fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
         (self.x.clone(), self.y.clone()).float_tensors()
     }
+
+    fn with_float_tensors(
+        &self,
+        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
+    ) -> Self {
+        let (x, y) = (self.x.clone(), self.y.clone()).with_float_tensors(tensors);
+        Batch { x, y }
+    }
 }
 
 /// Generator of sine-forecasting batches.

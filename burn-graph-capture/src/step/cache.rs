@@ -20,7 +20,6 @@ pub(crate) enum Phase<G> {
     /// Warmup verified a static step; the next step may be captured.
     Ready,
     /// A graph recorded for this shape.
-    #[allow(dead_code)] // Built by the capture path, which lands with the CUDA runtime.
     Captured(G),
     /// This shape runs eagerly for good.
     Disabled(FallbackReason),
@@ -109,7 +108,6 @@ impl<G> GraphCache<G> {
     }
 
     /// Stores the graph captured for `key`.
-    #[allow(dead_code)] // Used by the capture path, which lands with the CUDA runtime.
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
         self.entries.insert(key.clone(), Phase::Captured(graph));
     }
@@ -120,7 +118,6 @@ impl<G> GraphCache<G> {
     }
 
     /// The graph for `key`, if one was captured.
-    #[allow(dead_code)] // Used by the capture path, which lands with the CUDA runtime.
     pub(crate) fn graph(&self, key: &InputKey) -> Option<&G> {
         match self.entries.get(key) {
             Some(Phase::Captured(graph)) => Some(graph),
@@ -129,7 +126,6 @@ impl<G> GraphCache<G> {
     }
 
     /// Drops every graph; their shapes get captured again at their next step.
-    #[allow(dead_code)] // Used by the capture path, which lands with the CUDA runtime.
     pub(crate) fn drop_graphs(&mut self) {
         for phase in self.entries.values_mut() {
             if matches!(phase, Phase::Captured(_)) {
@@ -139,7 +135,6 @@ impl<G> GraphCache<G> {
     }
 
     /// Makes every shape eager for good (dropping all graphs).
-    #[allow(dead_code)] // Used by the capture path, which lands with the CUDA runtime.
     pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
         for phase in self.entries.values_mut() {
             *phase = Phase::Disabled(reason.clone());

@@ -3,7 +3,7 @@
 use std::fmt::Debug;
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
 use super::error::StepError;
@@ -13,14 +13,34 @@ use crate::backend::GraphBackend;
 ///
 /// Implemented for float tensors and tuples of inputs; implement it for your batch
 /// struct by listing its tensors in a fixed order.
-pub trait StepInput<B: AutodiffBackend> {
+pub trait StepInput<B: AutodiffBackend>: Sized {
     /// The batch's float tensors, as inner-backend primitives, in a fixed order.
     fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>>;
+
+    /// The same batch with its tensors replaced, in [`float_tensors`](Self::float_tensors)
+    /// order, by `tensors` (the trainer's static input buffers on GPUs). Takes from the
+    /// front of `tensors` what this batch needs.
+    fn with_float_tensors(
+        &self,
+        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
+    ) -> Self;
 }
 
 impl<B: AutodiffBackend, const D: usize> StepInput<B> for Tensor<B, D> {
     fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
         vec![self.clone().inner().into_primitive().tensor()]
+    }
+
+    fn with_float_tensors(
+        &self,
+        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
+    ) -> Self {
+        match tensors.next() {
+            Some(tensor) => {
+                Tensor::from_inner(Tensor::from_primitive(TensorPrimitive::Float(tensor)))
+            }
+            None => self.clone(),
+        }
     }
 }
 
@@ -29,6 +49,14 @@ impl<B: AutodiffBackend, X: StepInput<B>, Y: StepInput<B>> StepInput<B> for (X, 
         let mut tensors = self.0.float_tensors();
         tensors.extend(self.1.float_tensors());
         tensors
+    }
+
+    fn with_float_tensors(
+        &self,
+        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
+    ) -> Self {
+        let x = self.0.with_float_tensors(tensors);
+        (x, self.1.with_float_tensors(tensors))
     }
 }
 
@@ -40,6 +68,15 @@ impl<B: AutodiffBackend, X: StepInput<B>, Y: StepInput<B>, Z: StepInput<B>> Step
         tensors.extend(self.1.float_tensors());
         tensors.extend(self.2.float_tensors());
         tensors
+    }
+
+    fn with_float_tensors(
+        &self,
+        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
+    ) -> Self {
+        let x = self.0.with_float_tensors(tensors);
+        let y = self.1.with_float_tensors(tensors);
+        (x, y, self.2.with_float_tensors(tensors))
     }
 }
 

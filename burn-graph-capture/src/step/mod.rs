@@ -8,8 +8,10 @@
 mod cache;
 mod config;
 mod error;
+mod graphed;
 mod input;
 mod mode;
+mod pinning;
 mod registry;
 mod report;
 mod trainer;

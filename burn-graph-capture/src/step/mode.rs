@@ -48,6 +48,9 @@ pub enum FallbackReason {
     SharedWithTrainer(TrainerId),
     /// This input shape would need a graph beyond `max_graphs`.
     GraphCacheFull,
+    /// The model or optimizer no longer sits on the pinned buffers (a model put back, a
+    /// state loaded): graphs were dropped, and the next step captures again.
+    PinnedBuffersChanged,
     /// Pinned buffers changed identity more often than `max_recaptures` allows.
     RecaptureLimit,
     /// The backend refused to pin, capture or replay.
@@ -64,6 +67,7 @@ impl FallbackReason {
             FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
             FallbackReason::SharedWithTrainer(_) => "SharedWithTrainer",
             FallbackReason::GraphCacheFull => "GraphCacheFull",
+            FallbackReason::PinnedBuffersChanged => "PinnedBuffersChanged",
             FallbackReason::RecaptureLimit => "RecaptureLimit",
             FallbackReason::Graph(_) => "Graph",
         }

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 
 use burn::backend::Autodiff;
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, LearningRate};
 use burn::tensor::Tensor;
 use burn_backend::tensor::FloatTensor;
@@ -11,11 +11,13 @@ use burn_backend::tensor::FloatTensor;
 use super::cache::{GraphCache, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
+use super::graphed::{CapturedStep, Fallback};
 use super::input::{InputKey, StepInput, check_batch};
 use super::mode::{FallbackReason, StepMode};
+use super::pinning::{Pinned, parameters};
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
-use crate::backend::{CaptureSession, GraphBackend, GraphCapture, GraphError, Recording};
+use crate::backend::{CaptureSession, GraphBackend, GraphCapture, Recording};
 use crate::optim::CapturableOptimizer;
 
 /// The backend a trainer runs its steps on: autodiff over the decorator over `G`.
@@ -50,17 +52,19 @@ pub struct GraphTrainer<G, M, O, I, F>
 where
     G: GraphBackend,
 {
-    id: TrainerId,
-    config: GraphTrainerConfig,
-    device: G::Device,
-    model: Option<M>,
-    optimizer: O,
-    step_fn: F,
-    cache: GraphCache<G::Graph>,
+    pub(super) id: TrainerId,
+    pub(super) config: GraphTrainerConfig,
+    pub(super) device: G::Device,
+    pub(super) model: Option<M>,
+    pub(super) optimizer: O,
+    pub(super) step_fn: F,
+    pub(super) cache: GraphCache<CapturedStep<G>>,
+    /// Parameters and optimizer state at fixed addresses, once a graph needs them.
+    pub(super) pinned: Option<Pinned<G>>,
     /// Registered buffers, kept alive so that their identities stay unique.
     registration: Registration<FloatTensor<G>>,
     shared_with: Option<TrainerId>,
-    report: TrainerReport,
+    pub(super) report: TrainerReport,
     last_mode: Option<StepMode>,
     _input: PhantomData<fn(&I)>,
 }
@@ -90,6 +94,7 @@ where
             optimizer,
             step_fn,
             registration: Registration::new(id),
+            pinned: None,
             shared_with: None,
             report: TrainerReport {
                 trainer: Some(id),
@@ -118,15 +123,19 @@ where
         let (loss, mode) = match plan {
             Plan::Warmup => self.warmup_step(&key, &batch)?,
             Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
-            Plan::Capture | Plan::Replay => self.graph_step(&key, &batch)?,
+            Plan::Capture => self.graph_or_eager(&key, &batch, Self::capture_step)?,
+            Plan::Replay => self.graph_or_eager(&key, &batch, Self::replay_step)?,
         };
         self.finish_step(&mode);
         Ok(StepOutcome { loss, mode })
     }
 
-    /// Sets the learning rate of the following steps, without re-capturing.
+    /// Sets the learning rate of the following steps, without re-capturing: once the
+    /// optimizer state is pinned, the value is written into the pinned buffer.
     pub fn set_lr(&mut self, lr: LearningRate) {
-        self.optimizer.set_lr(lr);
+        if !self.write_lr(lr) {
+            self.optimizer.set_lr(lr);
+        }
     }
 
     /// The model, for evaluation.
@@ -187,13 +196,26 @@ where
         Ok((loss, mode))
     }
 
-    /// Capture and replay land with the CUDA runtime. Until then no backend of this
-    /// crate reports hardware graphs; one that does gets an honest eager fallback.
-    fn graph_step(&mut self, key: &InputKey, batch: &I) -> Result<(Loss<G>, StepMode), StepError> {
-        let reason = FallbackReason::Graph(GraphError::Runtime(
-            "this trainer does not capture graphs yet".into(),
-        ));
-        self.cache.disable(key, reason.clone());
+    /// Runs a graph step, or the step eagerly with the reason the graph step failed.
+    fn graph_or_eager(
+        &mut self,
+        key: &InputKey,
+        batch: &I,
+        graph_step: GraphStep<Self, I, G>,
+    ) -> Result<(Loss<G>, StepMode), StepError> {
+        let reason = match graph_step(self, key, batch) {
+            Ok(done) => return Ok(done),
+            Err(Fallback::Shape(reason)) => {
+                self.cache.disable(key, reason.clone());
+                reason
+            }
+            Err(Fallback::Trainer(reason)) => {
+                self.cache.disable_all(reason.clone());
+                self.pinned = None;
+                reason
+            }
+            Err(Fallback::Repin) => FallbackReason::PinnedBuffersChanged,
+        };
         let (loss, _) = self.eager_step(batch, false)?;
         Ok((loss, StepMode::Eager(reason)))
     }
@@ -216,6 +238,7 @@ where
         let grads = GradientsParams::from_grads(loss.backward(), model);
         let model = self.model.take().ok_or(StepError::ModelTakenOut)?;
         self.model = Some(self.optimizer.step(model, grads));
+        self.write_back_eager();
         let recording = session.map(CaptureSession::finish);
         self.register_buffers();
         Ok((loss.detach(), recording))
@@ -233,12 +256,11 @@ where
 
     /// Registers the current parameter and optimizer-state buffers, releasing the
     /// previous ones.
-    fn register_buffers(&mut self) {
-        let mut buffers = Vec::new();
-        if let Some(model) = &self.model {
-            let mut collect = CollectBuffers::<G>(&mut buffers);
-            model.visit(&mut collect);
-        }
+    pub(super) fn register_buffers(&mut self) {
+        let mut buffers: Vec<FloatTensor<G>> = match &self.model {
+            Some(model) => parameters::<G, M>(model).into_values().collect(),
+            None => Vec::new(),
+        };
         self.optimizer.visit_state(&mut |_, tensor| {
             buffers.push(tensor.clone().into_primitive().tensor());
         });
@@ -254,14 +276,8 @@ where
     }
 }
 
+/// A capture or replay step of a trainer `T`.
+type GraphStep<T, I, G> = fn(&mut T, &InputKey, &I) -> Result<(Loss<G>, StepMode), Fallback>;
+
 /// A step's loss.
-type Loss<G> = Tensor<TrainBackend<G>, 1>;
-
-/// Collects the inner-backend primitives of a module's float parameters.
-struct CollectBuffers<'a, G: GraphBackend>(&'a mut Vec<FloatTensor<G>>);
-
-impl<G: GraphBackend> ModuleVisitor<TrainBackend<G>> for CollectBuffers<'_, G> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend<G>, D>>) {
-        self.0.push(param.val().inner().into_primitive().tensor());
-    }
-}
+pub(crate) type Loss<G> = Tensor<TrainBackend<G>, 1>;

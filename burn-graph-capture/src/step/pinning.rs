@@ -1,0 +1,191 @@
+//! Parameters and optimizer state at fixed addresses (I2).
+//!
+//! A replay reads and writes the addresses it was captured with. The trainer therefore
+//! pins every parameter and optimizer-state tensor once, and after every step, captured
+//! or eager, copies the new values back into the pinned buffers and re-seats the model
+//! and the optimizer on them: step k+1 reads what step k wrote, at the same address.
+
+use std::collections::BTreeMap;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
+use burn_backend::tensor::FloatTensor;
+
+use super::trainer::TrainBackend;
+use crate::backend::{BufferId, GraphBackend, GraphError};
+use crate::optim::{CapturableOptimizer, StateSlot};
+
+/// The pinned buffers of one trainer.
+pub(crate) struct Pinned<G: GraphBackend> {
+    params: BTreeMap<ParamId, FloatTensor<G>>,
+    /// Optimizer state, in `visit_state` order.
+    state: Vec<FloatTensor<G>>,
+    /// Index of the learning rate in `state`.
+    lr: Option<usize>,
+    /// Identities at pin time: parameters (by id order), then state.
+    ids: Vec<Option<BufferId>>,
+    /// Bytes held in the arena.
+    pub(crate) bytes: u64,
+}
+
+impl<G: GraphBackend> Pinned<G> {
+    /// Pins `model`'s parameters and `optimizer`'s state; returns the model re-seated on
+    /// the pinned copies (the optimizer is re-seated in place).
+    pub(crate) fn pin<M, O>(model: M, optimizer: &mut O) -> Result<(M, Self), GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let mut params = BTreeMap::new();
+        for (id, tensor) in parameters::<G, M>(&model) {
+            params.insert(id, G::pin(tensor)?);
+        }
+        let mut state = Vec::new();
+        let mut lr = None;
+        let mut error = None;
+        optimizer.visit_state(&mut |slot, tensor| {
+            if slot == StateSlot::LearningRate {
+                lr = Some(state.len());
+            }
+            match G::pin(primitive(tensor)) {
+                Ok(pinned) => state.push(pinned),
+                Err(e) => error = Some(e),
+            }
+        });
+        if let Some(error) = error {
+            return Err(error);
+        }
+        let bytes = params.values().chain(&state).map(byte_size::<G>).sum();
+        let mut pinned = Self {
+            params,
+            state,
+            lr,
+            ids: Vec::new(),
+            bytes,
+        };
+        pinned.ids = pinned.own_ids();
+        let model = pinned.reseat(model, optimizer);
+        Ok((model, pinned))
+    }
+
+    /// True when the model and the optimizer still sit on exactly the pinned buffers.
+    pub(crate) fn unchanged<M, O>(&self, model: &M, optimizer: &mut O) -> bool
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let mut ids: Vec<_> = parameters::<G, M>(model)
+            .values()
+            .map(G::buffer_id)
+            .collect();
+        optimizer.visit_state(&mut |_, tensor| ids.push(G::buffer_id(&primitive(tensor))));
+        ids == self.ids
+    }
+
+    /// Copies the new values of `model` and `optimizer` into the pinned buffers, then
+    /// re-seats both on them. Inside a capture window the copies are recorded too.
+    pub(crate) fn write_back<M, O>(&self, model: M, optimizer: &mut O) -> Result<M, GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        for (id, tensor) in parameters::<G, M>(&model) {
+            let pinned = self.params.get(&id).ok_or_else(|| {
+                GraphError::CopyMismatch(format!("parameter {id} was not pinned"))
+            })?;
+            G::copy_into(pinned, &tensor)?;
+        }
+        let mut index = 0;
+        let mut result = Ok(());
+        optimizer.visit_state(&mut |_, tensor| {
+            let copied = match self.state.get(index) {
+                Some(pinned) => G::copy_into(pinned, &primitive(tensor)),
+                None => Err(GraphError::CopyMismatch("optimizer state grew".into())),
+            };
+            if result.is_ok() {
+                result = copied;
+            }
+            index += 1;
+        });
+        result?;
+        Ok(self.reseat(model, optimizer))
+    }
+
+    /// Points `model` and `optimizer` at the pinned buffers, without copying.
+    pub(crate) fn reseat<M, O>(&self, model: M, optimizer: &mut O) -> M
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let mut index = 0;
+        optimizer.visit_state(&mut |_, tensor| {
+            if let Some(pinned) = self.state.get(index) {
+                *tensor = Tensor::from_primitive(TensorPrimitive::Float(pinned.clone()));
+            }
+            index += 1;
+        });
+        model.map(&mut Reseat::<G> {
+            params: &self.params,
+        })
+    }
+
+    /// The pinned learning-rate buffer.
+    pub(crate) fn lr(&self) -> Option<&FloatTensor<G>> {
+        self.lr.and_then(|i| self.state.get(i))
+    }
+
+    fn own_ids(&self) -> Vec<Option<BufferId>> {
+        self.params
+            .values()
+            .chain(&self.state)
+            .map(G::buffer_id)
+            .collect()
+    }
+}
+
+fn primitive<G: GraphBackend>(tensor: &Tensor<crate::GraphCapture<G>, 1>) -> FloatTensor<G> {
+    tensor.clone().into_primitive().tensor()
+}
+
+fn byte_size<G: GraphBackend>(tensor: &FloatTensor<G>) -> u64 {
+    (tensor.shape().num_elements() * tensor.dtype().size()) as u64
+}
+
+/// The model's float parameters as inner primitives, ordered by `ParamId`.
+pub(super) fn parameters<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(
+    model: &M,
+) -> BTreeMap<ParamId, FloatTensor<G>> {
+    struct Collect<G: GraphBackend>(BTreeMap<ParamId, FloatTensor<G>>);
+    impl<G: GraphBackend> ModuleVisitor<TrainBackend<G>> for Collect<G> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend<G>, D>>) {
+            let tensor = param.val().inner().into_primitive().tensor();
+            self.0.insert(param.id, tensor);
+        }
+    }
+    let mut collect = Collect(BTreeMap::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+/// Replaces each parameter's tensor by its pinned buffer, keeping id and `require_grad`.
+struct Reseat<'a, G: GraphBackend> {
+    params: &'a BTreeMap<ParamId, FloatTensor<G>>,
+}
+
+impl<G: GraphBackend> ModuleMapper<TrainBackend<G>> for Reseat<'_, G> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: Param<Tensor<TrainBackend<G>, D>>,
+    ) -> Param<Tensor<TrainBackend<G>, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(pinned) = self.params.get(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let inner = Tensor::from_primitive(TensorPrimitive::Float(pinned.clone()));
+        let mut reseated = Tensor::from_inner(inner);
+        if tensor.is_require_grad() {
+            reseated = reseated.require_grad();
+        }
+        Param::from_mapped_value(id, reseated, mapper)
+    }
+}
