@@ -18,6 +18,9 @@ pub struct GraphTrainerConfig {
     #[config(default = 2)]
     pub max_recaptures: usize,
     /// Replays to check against an eager run of the same step before trusting a graph.
+    ///
+    /// Not active yet: replay verification lands with GPU capture (issue 5); until then
+    /// this value has no effect.
     #[config(default = 0)]
     pub verify_replays: usize,
 }
