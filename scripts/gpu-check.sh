@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU checks of CudaGraphRuntime (issue 3), in two halves:
+# GPU checks of CudaGraphRuntime (issues 3 and 5), in two halves:
 #
 #   scripts/gpu-check.sh pack [DEST]   on the build machine (Rust, no GPU): builds the
-#       release GPU test binary and the eager bench with --features cuda, strips and
+#       release GPU test binaries (gpu_runtime, gpu_capture) and the eager bench with
+#       --features cuda, strips and
 #       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
@@ -30,10 +31,21 @@ for line in sys.stdin:
     except Exception: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_runtime":
         print(m["executable"])')
+    json=$(cargo test --release --no-run --features cuda -p burn-graph-capture \
+        --test gpu_capture --message-format=json 2>/dev/null) || {
+        echo "build of gpu_capture failed"; exit 1; }
+    local capture_bin
+    capture_bin=$(echo "$json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_capture":
+        print(m["executable"])')
     cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
         || { echo "build of the bench failed"; exit 1; }
     local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
-    for pair in "$test_bin:gpu_runtime" "$bench_bin:runtime_eager_bench"; do
+    for pair in "$test_bin:gpu_runtime" "$capture_bin:gpu_capture" "$bench_bin:runtime_eager_bench"; do
         local src=${pair%%:*} name=${pair##*:}
         cp "$src" "$dest/$name"
         strip "$dest/$name" 2>/dev/null || true
@@ -53,7 +65,7 @@ run() {
     export PATH=$CUDA_PATH/bin:$PATH
     local bin=/tmp/gpu-check-bin
     mkdir -p "$bin"
-    for name in gpu_runtime runtime_eager_bench; do
+    for name in gpu_runtime gpu_capture runtime_eager_bench; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -78,6 +90,9 @@ run() {
         # are distorted by neighbours.
         timeout "$t_tests" "$bin/gpu_runtime" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/tests.log"
         status[tests]=${PIPESTATUS[0]}
+        # Capture windows, retention, arena, replay (issue 5); small and fast (~3 s warm).
+        timeout 200 "$bin/gpu_capture" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/capture.log"
+        status[capture]=${PIPESTATUS[0]}
     fi
     if [[ $what == all || $what == bench ]]; then
         timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
@@ -90,15 +105,20 @@ run() {
             >"$out/memcheck.log" 2>&1
         status[memcheck]=$?
         tail -5 "$out/memcheck.log"
+        timeout 200 compute-sanitizer --tool memcheck --error-exitcode 17 --print-limit 20 \
+            "$bin/gpu_capture" --ignored --test-threads=1 >"$out/memcheck-capture.log" 2>&1
+        status[memcheck_capture]=$?
+        tail -3 "$out/memcheck-capture.log"
     fi
 
     echo
     echo "================ summary ================"
     cat "$out/machine.txt"
-    for log in smoke tests; do
+    for log in smoke tests capture; do
         [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \()" "$out/$log.log"
     done
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
+    [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
     [ -f "$out/bench.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/bench.log"
     echo "| check | exit status |"
     echo "|---|---|"

@@ -6,6 +6,8 @@
 
 mod base;
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod forward;
 mod graph_backend;
 mod ops;

@@ -91,6 +91,11 @@ impl KernelCache {
         self.compilation_options.supports_features.grid_constants
     }
 
+    /// Whether `id` is compiled already (a capture window may launch only those).
+    pub fn contains(&self, id: &KernelId) -> bool {
+        self.kernels.contains_key(id)
+    }
+
     /// Number of kernels compiled so far.
     pub fn compiled_count(&self) -> usize {
         self.kernels.len()

@@ -77,3 +77,59 @@ pub(crate) fn launch_err(call: &str, error: DriverError) -> LaunchError {
         backtrace: BackTrace::capture(),
     }
 }
+
+/// Why a capture window, a replay or an arena call failed.
+///
+/// A window that fails is always closed: the stream has left capture mode, nothing the
+/// window recorded has run, and the stream is usable for eager work (DESIGN I5).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    /// `capture_begin` while a window is open on this server.
+    #[error("a capture window is already open on this device")]
+    AlreadyCapturing,
+    /// `capture_end` (or a replay that needs none) without an open window.
+    #[error("no capture window is open on this device")]
+    NotCapturing,
+    /// The window asked for memory that the pages reserved before it could not serve.
+    #[error(
+        "the capture window needed a new device page ({bytes} bytes); run an eager warmup \
+         step first so the pools hold the step's working set"
+    )]
+    NeedsAllocation { bytes: u64 },
+    /// Pinned staging ran out inside the window (a new pinned page would be an allocation).
+    #[error("the capture window ran out of pinned staging ({bytes} bytes asked)")]
+    StagingExhausted { bytes: u64 },
+    /// A host synchronisation (read, sync, profile, dynamic cube count) inside the window.
+    #[error("host synchronisation inside a capture window: {0}")]
+    HostSync(&'static str),
+    /// A kernel that was never compiled was launched inside the window.
+    #[error("first-time kernel compile inside a capture window: {0}")]
+    FirstCompile(String),
+    /// The operation cannot be recorded or done while capturing.
+    #[error("not supported inside a capture window: {0}")]
+    Unsupported(&'static str),
+    /// The stream had errors from earlier asynchronous work; no window was opened.
+    #[error("the stream has pending errors: {0}")]
+    StreamUnhealthy(String),
+    /// A CubeCL server call inside the window failed.
+    #[error("server error inside the capture window: {0}")]
+    Server(String),
+    /// A driver call failed.
+    #[error("CUDA driver call `{call}` failed: {error}")]
+    Driver { call: &'static str, error: String },
+    /// The graph id is not (or no longer) known to the server.
+    #[error("unknown graph {0}")]
+    UnknownGraph(u64),
+    /// The device worker thread could not be reached.
+    #[error("the device worker thread could not be reached")]
+    Unreachable,
+}
+
+impl CaptureError {
+    pub(crate) fn driver(call: &'static str, error: DriverError) -> Self {
+        Self::Driver {
+            call,
+            error: format!("{error:?}"),
+        }
+    }
+}

@@ -122,9 +122,12 @@ pub fn try_init_server(device_id: DeviceId) -> Result<CudaGraphServer, InitError
         MemoryManagementOptions::new("CudaGraph pinned host memory")
             .mode(MemoryAllocationMode::Auto),
     );
+    let arena = super::arena::new_arena(stream.clone(), &mem_props, logger.clone());
     let server_stream = ServerStream {
         stream,
         gpu,
+        arena,
+        window: None,
         pinned,
         drop_queue: PendingDropQueue::default(),
         errors: Vec::new(),

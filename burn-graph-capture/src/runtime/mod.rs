@@ -15,19 +15,23 @@
 //! - `storage`: device and pinned pages for the pools;
 //! - `compile`: NVRTC compilation and the kernel cache;
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
+//! - [`capture`]: capture windows, graph retention, replay and release;
+//! - [`arena`]: the pool of pinned tensors (fixed addresses);
 //! - [`error`]: typed errors.
 //!
-//! Where capture (issue 5) plugs in, without reshaping the above:
+//! How capture fits the eager parts:
 //! - stream mapping: `StreamMap::resolve` is the single place a `StreamId` becomes a CUDA
 //!   stream; a window begins/ends capture on that one stream (no cross-stream waits exist);
 //! - frees: `GpuStorage::hold_frees` keeps page frees queued while a window is open, and the
-//!   drop queue is flushed only from `flush`/launch paths the server controls;
-//! - retention: per-launch metadata uploads are made in `server::upload_metadata`, which
-//!   returns the device handle and parks the pinned staging in the drop queue; a window
-//!   would move both into the graph's retention list instead;
-//! - arena: a second `MemoryManagement<GpuStorage>` beside `ServerStream::gpu` (a pool of its
-//!   own, never cleaned up while a trainer lives).
+//!   drop queue is not flushed inside a window;
+//! - allocations: both storages refuse new pages inside a window;
+//! - retention: launches, copies and metadata uploads inside a window hand their bindings
+//!   and staging to the window, which becomes the graph's retention list;
+//! - arena: a second `MemoryManagement<GpuStorage>` beside `ServerStream::gpu`; its handles
+//!   carry `arena::ARENA_STREAM` so `server::resource` knows which pool resolves them.
 
+pub mod arena;
+pub mod capture;
 mod compile;
 mod copy;
 pub mod device;
@@ -40,10 +44,11 @@ mod server;
 mod storage;
 mod stream;
 
+pub use capture::{CudaGraphHandle, GraphInfo, capture_begin, capture_end, with_server};
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
 pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
-pub use error::InitError;
+pub use error::{CaptureError, InitError};
 pub use server::CudaGraphServer;
 pub use storage::GpuResource;
 

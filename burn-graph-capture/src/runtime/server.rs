@@ -11,9 +11,11 @@
 //! profile go to the profiler instead, so a failing candidate does not poison the stream.
 
 use super::{
+    arena::is_arena,
+    capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
-    error::{launch_err, server_err},
+    error::{CaptureError, launch_err, server_err},
     fence::Fence,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
     stream::{ServerStream, StreamMap},
@@ -41,8 +43,11 @@ use cubecl_runtime::{
     storage::{ComputeStorage, ManagedResource},
     timestamp_profiler::TimestampProfiler,
 };
-use cudarc::driver::{CudaContext, result};
-use std::{ffi::c_void, sync::Arc};
+use cudarc::driver::{
+    CudaContext, result,
+    sys::{CUgraphInstantiate_flags, CUstreamCaptureMode},
+};
+use std::{collections::HashMap, ffi::c_void, sync::Arc};
 
 /// Host transfers above this size skip pinned staging unless asked (as stock does).
 const PINNED_STAGING_LIMIT: usize = 100 * 1024 * 1024;
@@ -56,6 +61,9 @@ pub struct CudaGraphServer {
     timestamps: TimestampProfiler,
     logger: Arc<ServerLogger>,
     utilities: Arc<ServerUtilities<Self>>,
+    /// Instantiated graphs by id, with what each retains (see `capture.rs`).
+    graphs: HashMap<u64, CapturedGraph>,
+    next_graph: u64,
 }
 
 impl CudaGraphServer {
@@ -72,6 +80,8 @@ impl CudaGraphServer {
             timestamps: TimestampProfiler::default(),
             logger: utilities.logger.clone(),
             utilities: Arc::new(utilities),
+            graphs: HashMap::new(),
+            next_graph: 0,
         }
     }
 
@@ -126,9 +136,41 @@ impl CudaGraphServer {
         }
     }
 
-    /// Parks an error of an asynchronous call on the stream.
+    /// Parks an error of an asynchronous call on the stream; inside a capture window it
+    /// breaks the window instead (the window reports it at `capture_end`).
     fn park(&mut self, stream_id: StreamId, error: ServerError) {
-        self.streams.resolve(stream_id).errors.push(error);
+        let stream = self.streams.resolve(stream_id);
+        let refused = stream.gpu.storage().refused_bytes();
+        let refused = refused.or(stream.arena.storage().refused_bytes());
+        match &mut stream.window {
+            Some(window) => window.break_with(match refused {
+                Some(bytes) => CaptureError::NeedsAllocation { bytes },
+                None => CaptureError::Server(error.to_string()),
+            }),
+            None => stream.errors.push(error),
+        }
+    }
+
+    /// Breaks the open window (if any) with `error`; returns whether one was open.
+    fn break_window(&mut self, stream_id: StreamId, error: CaptureError) -> bool {
+        match &mut self.streams.resolve(stream_id).window {
+            Some(window) => {
+                window.break_with(error);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Refuses a host synchronisation inside a window: breaks it and returns the error.
+    fn refuse_sync(&mut self, stream_id: StreamId, what: &'static str) -> Option<ServerError> {
+        if !self.break_window(stream_id, CaptureError::HostSync(what)) {
+            return None;
+        }
+        Some(ServerError::Generic {
+            reason: CaptureError::HostSync(what).to_string(),
+            backtrace: BackTrace::capture(),
+        })
     }
 
     fn launch_checked(
@@ -150,6 +192,24 @@ impl CudaGraphServer {
         let mut kernel_id = kernel.id();
         kernel_id.mode(mode);
         let grid_constants = self.kernels.grid_constants();
+
+        let capturing = match &self.streams.resolve(stream_id).window {
+            // A broken window records nothing more; `capture_end` reports why.
+            Some(window) if window.broken.is_some() => return Ok(()),
+            Some(_) => true,
+            None => false,
+        };
+        if capturing {
+            if !self.kernels.contains(&kernel_id) {
+                let name = kernel.name().to_string();
+                self.break_window(stream_id, CaptureError::FirstCompile(name));
+                return Ok(());
+            }
+            if matches!(count, CubeCount::Dynamic(_)) {
+                self.break_window(stream_id, CaptureError::HostSync("dynamic cube count"));
+                return Ok(());
+            }
+        }
 
         let grid = match count {
             CubeCount::Static(x, y, z) => (x, y, z),
@@ -173,11 +233,14 @@ impl CudaGraphServer {
         };
 
         let mut pointers = Vec::with_capacity(args.buffers.len() + 1);
-        for binding in args.buffers {
-            pointers.push(resource(stream, binding)?.ptr);
-        }
-        if let Some(handle) = &metadata {
-            pointers.push(resource(stream, handle.clone().binding())?.ptr);
+        let metadata_binding = metadata.as_ref().map(|handle| handle.clone().binding());
+        for binding in args.buffers.into_iter().chain(metadata_binding) {
+            let slice = resource(stream, binding.clone())?;
+            // Inside a window the graph keeps every buffer it touches (I1).
+            if let Some(window) = &mut stream.window {
+                window.retention.keep(binding, slice.ptr, slice.size);
+            }
+            pointers.push(slice.ptr);
         }
         let mut params: Vec<*mut c_void> = pointers
             .iter_mut()
@@ -195,8 +258,14 @@ impl CudaGraphServer {
             grid,
             &mut params,
         );
-        // `metadata` may drop now: the pools reuse it only for later stream work.
+        // `metadata` may drop now: the pools reuse it only for later stream work (inside a
+        // window the retention list above keeps it).
         drop(metadata);
+        if launched.is_ok()
+            && let Some(window) = &mut stream.window
+        {
+            window.launches += 1;
+        }
         stream.maybe_flush_drop_queue();
 
         if let Err(err) = launched {
@@ -216,6 +285,7 @@ impl CudaGraphServer {
     ) -> Result<(u32, u32, u32), ServerError> {
         let descriptor = CopyDescriptor::new(binding, [3].into(), [1].into(), 4);
         let bytes = future::block_on(self.read_now(vec![descriptor], stream_id))?;
+        // (never inside a window: `launch_checked` refuses dynamic counts there)
         let data = bytes.first().map(|b| &b[..]).unwrap_or(&[]);
         if data.len() < 12 {
             return Err(IoError::Unknown {
@@ -255,11 +325,36 @@ impl CudaGraphServer {
     }
 }
 
-/// Resolves a binding to its device slice.
+/// Resolves a binding to its device slice, in the arena or in the normal pools.
 fn resource(stream: &mut ServerStream, binding: Binding) -> Result<GpuResource, IoError> {
-    stream
-        .gpu
-        .get_resource(binding.memory, binding.offset_start, binding.offset_end)
+    let pool = if is_arena(&binding.stream) {
+        &mut stream.arena
+    } else {
+        &mut stream.gpu
+    };
+    pool.get_resource(binding.memory, binding.offset_start, binding.offset_end)
+}
+
+/// Pinned staging for a copy the stream will read later. Inside a window it must come from
+/// pinned pages that already exist (pageable copies cannot be captured, and a new pinned
+/// page is an allocation); a miss breaks the window.
+fn staging_buffer(stream: &mut ServerStream, size: usize) -> Result<Bytes, ServerError> {
+    if !stream.capturing() {
+        return Ok(host_buffer(stream, size, true));
+    }
+    match reserve_pinned(stream, size) {
+        Some(bytes) => Ok(bytes),
+        None => {
+            let error = CaptureError::StagingExhausted { bytes: size as u64 };
+            if let Some(window) = &mut stream.window {
+                window.break_with(error.clone());
+            }
+            Err(ServerError::Generic {
+                reason: error.to_string(),
+                backtrace: BackTrace::capture(),
+            })
+        }
+    }
 }
 
 /// Reserves pinned staging for `size` bytes, or `None` when the pinned pool can't.
@@ -305,7 +400,7 @@ fn upload_metadata(stream: &mut ServerStream, words: &[u64]) -> Result<Handle, S
     };
     // Pinned when the pool can serve it; plain memory otherwise (the copy then stages
     // synchronously in the driver, still correct).
-    let mut staging = host_buffer(stream, data.len(), true);
+    let mut staging = staging_buffer(stream, data.len())?;
     staging.copy_from_slice(data);
 
     let handle = Handle::new(StreamId::current(), data.len() as u64);
@@ -317,7 +412,8 @@ fn upload_metadata(stream: &mut ServerStream, words: &[u64]) -> Result<Handle, S
         .map_err(ServerError::from)?;
     let target = resource(stream, handle.clone().binding())?;
     // SAFETY: `target` is a fresh slice of `data.len()` bytes; `staging` is pinned and
-    // kept alive by the drop queue until a fence after this copy.
+    // kept alive by the drop queue until a fence after this copy (inside a window: by the
+    // graph's retention, since every replay reads it again).
     unsafe {
         copy_to_device(
             CopyPlan::Linear { bytes: data.len() },
@@ -326,7 +422,7 @@ fn upload_metadata(stream: &mut ServerStream, words: &[u64]) -> Result<Handle, S
             stream.stream.cu_stream(),
         )?
     };
-    stream.drop_queue.push(staging);
+    stream.release_staging(staging);
     Ok(handle)
 }
 
@@ -381,10 +477,10 @@ impl ComputeServer for CudaGraphServer {
     fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
         self.bind_context()?;
         let stream = self.streams.resolve(stream_id);
-        Ok(sizes
+        sizes
             .iter()
-            .map(|size| host_buffer(stream, *size, true))
-            .collect())
+            .map(|size| staging_buffer(stream, *size))
+            .collect()
     }
 
     fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
@@ -406,6 +502,9 @@ impl ComputeServer for CudaGraphServer {
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        if let Some(err) = self.refuse_sync(stream_id, "read") {
+            return Box::pin(async move { Err(err) });
+        }
         if let Err(err) = self.enter_checked(stream_id) {
             return Box::pin(async move { Err(err) });
         }
@@ -416,16 +515,35 @@ impl ComputeServer for CudaGraphServer {
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
-        let stream = self.streams.resolve(stream_id);
         for (descriptor, data) in descriptors {
+            let stream = self.streams.resolve(stream_id);
+            if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+                return;
+            }
             let written = (|| -> Result<(), IoError> {
                 let plan = plan_copy(&descriptor.shape, &descriptor.strides, descriptor.elem_size)?;
-                let target = resource(stream, descriptor.handle)?;
-                // File-backed bytes are not addressable memory: stage them first.
+                let target = resource(stream, descriptor.handle.clone())?;
+                if let Some(window) = &mut stream.window {
+                    window
+                        .retention
+                        .keep(descriptor.handle, target.ptr, target.size);
+                }
+                // File-backed bytes are not addressable memory: stage them first. Inside a
+                // window every source must be pinned (pageable copies cannot be captured).
                 let data = match data.property() {
                     AllocationProperty::File => {
                         let mut pinned = host_buffer(stream, data.len(), true);
                         data.copy_into(&mut pinned);
+                        pinned
+                    }
+                    AllocationProperty::Pinned => data,
+                    _ if stream.capturing() => {
+                        let mut pinned =
+                            staging_buffer(stream, data.len()).map_err(|err| IoError::Unknown {
+                                description: err.to_string(),
+                                backtrace: BackTrace::capture(),
+                            })?;
+                        pinned.copy_from_slice(&data);
                         pinned
                     }
                     _ => data,
@@ -433,12 +551,11 @@ impl ComputeServer for CudaGraphServer {
                 // SAFETY: `target` covers the tensor; `data` stays alive in the drop queue
                 // until a fence behind this copy.
                 unsafe { copy_to_device(plan, &data, target.ptr, stream.stream.cu_stream())? };
-                stream.drop_queue.push(data);
+                stream.release_staging(data);
                 Ok(())
             })();
             if let Err(err) = written {
-                stream.errors.push(err.into());
-                return;
+                return self.park(stream_id, err.into());
             }
         }
     }
@@ -457,6 +574,10 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        if self.streams.resolve(stream_id).capturing() {
+            // Deferred: flushing waits on fences and frees pages (see `capture_end`).
+            return Ok(());
+        }
         self.enter_checked(stream_id)?;
         let stream = self.streams.resolve(stream_id);
         let cuda_stream = stream.stream.clone();
@@ -466,6 +587,9 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Some(err) = self.refuse_sync(stream_id, "sync") {
+            return Box::pin(async move { Err(err) });
+        }
         if let Err(err) = self.enter_checked(stream_id) {
             return Box::pin(async move { Err(err) });
         }
@@ -493,7 +617,10 @@ impl ComputeServer for CudaGraphServer {
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
-        self.streams.resolve(stream_id).gpu.cleanup(true);
+        let stream = self.streams.resolve(stream_id);
+        if !stream.capturing() {
+            stream.gpu.cleanup(true);
+        }
     }
 
     fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
@@ -519,4 +646,253 @@ impl ComputeServer for CudaGraphServer {
 
 impl ServerCommunication for CudaGraphServer {
     const SERVER_COMM_ENABLED: bool = false;
+}
+
+/// Sets or clears what a capture window forbids on the stream's storages: page frees are
+/// held, and new device, arena and pinned pages are refused.
+fn set_window_flags(stream: &mut ServerStream, open: bool) {
+    stream.gpu.storage().hold_frees(open);
+    stream.gpu.storage().refuse_allocs(open);
+    stream.arena.storage().hold_frees(open);
+    stream.arena.storage().refuse_allocs(open);
+    stream.pinned.storage().refuse_allocs(open);
+}
+
+/// Frees a graph and what it retains once the stream has finished every queued replay.
+///
+/// `cuGraphExecDestroy` alone would be safe ("if the executable graph is in-flight, it
+/// will not be terminated, but rather freed asynchronously on completion"), but the
+/// retained pinned staging is host memory that the next eager write could reuse, so the
+/// release waits for the stream first.
+fn release_now(stream: &ServerStream, graph: CapturedGraph) {
+    if let Err(err) = stream.fence().wait() {
+        tracing::warn!("CudaGraphRuntime: waiting before a graph release failed: {err}");
+    }
+    drop(graph);
+}
+
+fn capture_server_err(err: ServerError) -> CaptureError {
+    CaptureError::Server(err.to_string())
+}
+
+/// Capture windows, replay and the arena (see `capture.rs` and `arena.rs`). Reached from
+/// outside through `DeviceHandle::<CudaGraphServer>::submit_blocking`, so every call is
+/// ordered with the kernels and copies queued before it.
+impl CudaGraphServer {
+    fn main_stream(&mut self) -> &mut ServerStream {
+        self.streams.resolve(StreamId::current())
+    }
+
+    /// Whether a capture window is open.
+    pub fn is_capturing(&mut self) -> bool {
+        self.main_stream().capturing()
+    }
+
+    /// Opens a capture window on the stream (THREAD_LOCAL mode; see `capture.rs`).
+    ///
+    /// Deferred host work (drop queue, page frees) is settled first, outside the window.
+    pub fn capture_begin(&mut self) -> Result<(), CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        if self.main_stream().capturing() {
+            return Err(CaptureError::AlreadyCapturing);
+        }
+        let errors = self.take_errors(StreamId::current());
+        if !errors.is_empty() {
+            return Err(CaptureError::StreamUnhealthy(format!("{errors:?}")));
+        }
+        let stream = self.main_stream();
+        let cuda_stream = stream.stream.clone();
+        stream.drop_queue.flush(|| Fence::record(&cuda_stream));
+        stream.gpu.storage().flush();
+        stream.arena.storage().flush();
+        set_window_flags(stream, true);
+        // "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: ... potentially unsafe API calls are
+        // prohibited only from this thread": the worker thread is the only one that records.
+        if let Err(err) =
+            cuda_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        {
+            set_window_flags(stream, false);
+            return Err(CaptureError::driver("cuStreamBeginCapture", err));
+        }
+        stream.window = Some(CaptureWindow::default());
+        Ok(())
+    }
+
+    /// Closes the window: ends the capture, instantiates and uploads the graph, and keeps it
+    /// with everything the window retained. A broken window's graph is thrown away and its
+    /// first error returned; the stream has left capture mode either way.
+    pub fn capture_end(&mut self) -> Result<(u64, GraphInfo), CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        let stream = self.main_stream();
+        let Some(mut window) = stream.window.take() else {
+            return Err(CaptureError::NotCapturing);
+        };
+        let ended = stream.stream.end_capture(CUgraphInstantiate_flags(0));
+        set_window_flags(stream, false);
+        let graph = match (window.broken.take(), ended) {
+            (Some(err), _) => Err(err),
+            (None, Err(err)) => Err(CaptureError::driver(
+                "cuStreamEndCapture/cuGraphInstantiate",
+                err,
+            )),
+            (None, Ok(None)) => Err(CaptureError::Unsupported("a window that recorded no work")),
+            (None, Ok(Some(graph))) => graph
+                .upload()
+                .map(|()| graph)
+                .map_err(|err| CaptureError::driver("cuGraphUpload", err)),
+        };
+        // Work deferred by the window runs now.
+        for deferred in window.deferred_releases.drain(..) {
+            release_now(stream, deferred);
+        }
+        stream.gpu.storage().flush();
+        stream.arena.storage().flush();
+        let graph = graph?;
+        let info = GraphInfo {
+            launches: window.launches,
+            retained_buffers: window.retention.buffer_count(),
+            retained_device_bytes: window.retention.device_bytes(),
+            retained_staging_bytes: window.retention.staging_bytes(),
+        };
+        let id = self.next_graph;
+        self.next_graph += 1;
+        self.graphs.insert(
+            id,
+            CapturedGraph {
+                graph,
+                retention: window.retention,
+                launches: window.launches,
+            },
+        );
+        Ok((id, info))
+    }
+
+    /// Queues one replay of graph `id` on the stream.
+    pub fn replay(&mut self, id: u64) -> Result<(), CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        if self.main_stream().capturing() {
+            return Err(CaptureError::Unsupported("replaying a graph"));
+        }
+        let graph = self.graphs.get(&id).ok_or(CaptureError::UnknownGraph(id))?;
+        graph
+            .graph
+            .launch()
+            .map_err(|err| CaptureError::driver("cuGraphLaunch", err))
+    }
+
+    /// Releases graph `id` once the stream has finished with it (deferred to the end of an
+    /// open window, which must not wait on the host).
+    pub fn release_graph(&mut self, id: u64) {
+        if let Err(err) = self.bind_context() {
+            tracing::warn!("CudaGraphRuntime: releasing graph {id}: {err}");
+        }
+        let Some(graph) = self.graphs.remove(&id) else {
+            return;
+        };
+        let stream = self.main_stream();
+        match &mut stream.window {
+            Some(window) => window.deferred_releases.push(graph),
+            None => release_now(stream, graph),
+        }
+    }
+
+    /// Number of live graphs.
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// Device bytes retained by all live graphs.
+    pub fn retained_bytes(&self) -> u64 {
+        self.graphs
+            .values()
+            .map(|g| g.retention.device_bytes())
+            .sum()
+    }
+
+    /// Allocates `size` bytes in the arena. The handle's address is fixed until every
+    /// handle to it is dropped. Not inside a window (that would be an allocation).
+    pub fn arena_alloc(&mut self, size: u64) -> Result<Handle, CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        let stream = self.main_stream();
+        if stream.capturing() {
+            return Err(CaptureError::Unsupported("allocating in the arena"));
+        }
+        let handle = Handle::new(super::arena::ARENA_STREAM, size);
+        let reserved = stream
+            .arena
+            .reserve(size)
+            .map_err(|err| capture_server_err(err.into()))?;
+        let cursor = stream.tick();
+        stream
+            .arena
+            .bind(reserved, handle.memory.clone(), cursor)
+            .map_err(|err| capture_server_err(err.into()))?;
+        Ok(handle)
+    }
+
+    /// Memory of the normal device pools (what `memory_usage` reports).
+    pub fn pool_usage(&mut self) -> MemoryUsage {
+        self.main_stream().gpu.memory_usage()
+    }
+
+    /// Memory held by the arena.
+    pub fn arena_usage(&mut self) -> MemoryUsage {
+        self.main_stream().arena.memory_usage()
+    }
+
+    /// Queues a device-to-device copy of `bytes` bytes from `src` to `dst`
+    /// (`cuMemcpyDtoDAsync`). Inside a window it is recorded and both buffers are retained.
+    pub fn copy_device(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        bytes: u64,
+    ) -> Result<(), CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        let stream = self.main_stream();
+        if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+            return Ok(());
+        }
+        let from = resource(stream, src.clone()).map_err(|err| capture_server_err(err.into()))?;
+        let to = resource(stream, dst.clone()).map_err(|err| capture_server_err(err.into()))?;
+        if from.size < bytes || to.size < bytes {
+            return Err(CaptureError::Server(format!(
+                "device copy of {bytes} bytes between buffers of {} and {} bytes",
+                from.size, to.size
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both slices are live pool/arena slices of at least `bytes` bytes; inside a
+        // window both are retained with the graph, outside it the stream orders the copy
+        // before any later reuse of either slice.
+        let copied = unsafe {
+            result::memcpy_dtod_async(to.ptr, from.ptr, bytes as usize, stream.stream.cu_stream())
+        };
+        if let Err(err) = copied {
+            let err = CaptureError::driver("cuMemcpyDtoDAsync", err);
+            if let Some(window) = &mut stream.window {
+                window.break_with(err.clone());
+            }
+            return Err(err);
+        }
+        if let Some(window) = &mut stream.window {
+            window.retention.keep(src, from.ptr, from.size);
+            window.retention.keep(dst, to.ptr, to.size);
+        }
+        Ok(())
+    }
+
+    /// The device address of the slice behind `binding` (offsets ignored): a stable
+    /// identity while the buffer lives.
+    pub fn buffer_address(&mut self, mut binding: Binding) -> Result<u64, CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        binding.offset_start = None;
+        binding.offset_end = None;
+        let stream = self.main_stream();
+        resource(stream, binding)
+            .map(|slice| slice.ptr)
+            .map_err(|err| capture_server_err(err.into()))
+    }
 }

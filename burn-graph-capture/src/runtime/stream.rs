@@ -9,9 +9,11 @@
 //! "Every `StreamId` ... must map to the capturing CUDA stream").
 
 use super::{
+    capture::CaptureWindow,
     fence::Fence,
     storage::{GpuStorage, PinnedStorage},
 };
+use cubecl_common::bytes::Bytes;
 use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::ServerError;
 use cubecl_runtime::memory_management::{MemoryManagement, drop_queue::PendingDropQueue};
@@ -24,6 +26,10 @@ pub struct ServerStream {
     pub stream: Arc<CudaStream>,
     /// Device memory pools (tensors, per-launch metadata).
     pub gpu: MemoryManagement<GpuStorage>,
+    /// The arena: pinned tensors at fixed addresses (see `arena.rs`).
+    pub arena: MemoryManagement<GpuStorage>,
+    /// The open capture window, if any (see `capture.rs`).
+    pub window: Option<CaptureWindow>,
     /// Pinned host pools (staging for reads and writes).
     pub pinned: MemoryManagement<PinnedStorage>,
     /// Host buffers that in-flight copies still read, released after a fence.
@@ -46,9 +52,24 @@ impl ServerStream {
         self.cursor
     }
 
+    /// Whether a capture window is open.
+    pub fn capturing(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// Releases a staging buffer that queued copies read: into the open window's retention
+    /// (the graph reads it on every replay), else into the drop queue (freed after a fence).
+    pub fn release_staging(&mut self, bytes: Bytes) {
+        match &mut self.window {
+            Some(window) => window.retention.keep_staging(bytes),
+            None => self.drop_queue.push(bytes),
+        }
+    }
+
     /// Flushes the drop queue if its policy says so (cheap check, called per launch).
+    /// Never inside a window: a flush records and waits on fences.
     pub fn maybe_flush_drop_queue(&mut self) {
-        if self.drop_queue.should_flush() {
+        if !self.capturing() && self.drop_queue.should_flush() {
             let stream = self.stream.clone();
             self.drop_queue.flush(|| Fence::record(&stream));
         }

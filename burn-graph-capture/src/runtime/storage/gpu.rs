@@ -37,6 +37,10 @@ pub struct GpuStorage {
     pending_frees: Vec<StorageId>,
     /// While set, `flush` keeps `pending_frees` (a capture window must not free).
     frees_held: bool,
+    /// While set, `alloc` refuses new pages (a capture window must not allocate).
+    allocs_refused: bool,
+    /// Size of the first page refused since the flag was set.
+    refused_bytes: Option<u64>,
 }
 
 impl core::fmt::Debug for GpuStorage {
@@ -58,6 +62,8 @@ impl GpuStorage {
             pages: HashMap::new(),
             pending_frees: Vec::new(),
             frees_held: false,
+            allocs_refused: false,
+            refused_bytes: None,
         }
     }
 
@@ -65,6 +71,22 @@ impl GpuStorage {
     /// applied by the first `flush` after release. Meant for capture windows.
     pub fn hold_frees(&mut self, hold: bool) {
         self.frees_held = hold;
+    }
+
+    /// Refuses (or allows again) new pages. While refused, `alloc` fails and remembers the
+    /// size asked, so a capture window can report [`CaptureError::NeedsAllocation`]
+    /// (`cuMemAllocAsync` inside a capture would record a memory node that the graph then
+    /// owns, and plain `cuMemAlloc` is not permitted while capturing).
+    ///
+    /// [`CaptureError::NeedsAllocation`]: crate::runtime::error::CaptureError::NeedsAllocation
+    pub fn refuse_allocs(&mut self, refuse: bool) {
+        self.allocs_refused = refuse;
+        self.refused_bytes = None;
+    }
+
+    /// The size of the first page refused since [`Self::refuse_allocs`] was set.
+    pub fn refused_bytes(&self) -> Option<u64> {
+        self.refused_bytes
     }
 
     /// Number of pages currently allocated.
@@ -115,6 +137,15 @@ impl ComputeStorage for GpuStorage {
     }
 
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        if self.allocs_refused {
+            self.refused_bytes.get_or_insert(size);
+            return Err(IoError::Unknown {
+                description: format!(
+                    "capture window: a new device page of {size} bytes was refused"
+                ),
+                backtrace: BackTrace::capture(),
+            });
+        }
         let bytes = size as usize;
         // SAFETY: plain allocation calls; the pointer is recorded and freed once.
         let allocated = unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }

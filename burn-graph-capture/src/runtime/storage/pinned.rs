@@ -38,6 +38,8 @@ struct PinnedPage {
 pub struct PinnedStorage {
     ctx: Arc<CudaContext>,
     pages: HashMap<StorageId, PinnedPage>,
+    /// While set, `alloc` refuses new pages (inside a capture window).
+    allocs_refused: bool,
 }
 
 // SAFETY: pages are only touched by the server thread that owns this storage; the raw
@@ -57,7 +59,16 @@ impl PinnedStorage {
         Self {
             ctx,
             pages: HashMap::new(),
+            allocs_refused: false,
         }
+    }
+}
+
+impl PinnedStorage {
+    /// Refuses (or allows again) new pinned pages; a capture window stages only from pages
+    /// that exist before it opens.
+    pub fn refuse_allocs(&mut self, refuse: bool) {
+        self.allocs_refused = refuse;
     }
 }
 
@@ -81,6 +92,14 @@ impl ComputeStorage for PinnedStorage {
     }
 
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        if self.allocs_refused {
+            return Err(IoError::Unknown {
+                description: format!(
+                    "capture window: a new pinned page of {size} bytes was refused"
+                ),
+                backtrace: cubecl_common::backtrace::BackTrace::capture(),
+            });
+        }
         // SAFETY: the memory is uninitialised; it is only exposed as `MaybeUninit` until the
         // staging code writes it.
         let mut owner = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(size as usize, 0) }

@@ -1,0 +1,109 @@
+//! `GraphBackend` for the CUDA stack: `CubeBackend<CudaGraphRuntime, f32, i32, u8>`.
+//!
+//! Capture and replay go to the runtime's server through its device queue, so they are
+//! ordered with every kernel queued before them (see `runtime::capture`). Pinned tensors
+//! live in the runtime's arena; `copy_into` is a device-to-device copy on the stream, which
+//! a capture window records like any launch.
+
+use burn_backend::{TensorMetadata, tensor::FloatTensor};
+use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
+
+use crate::backend::{BufferId, GraphBackend, GraphError};
+use crate::runtime::{
+    CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin, capture_end,
+    with_server,
+};
+
+/// The plain CubeCL backend on this crate's runtime.
+pub type CudaCube = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
+
+fn runtime_err(err: CaptureError) -> GraphError {
+    GraphError::Runtime(err.to_string())
+}
+
+/// Bytes of a contiguous tensor's values.
+fn value_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
+    (tensor.shape().num_elements() * tensor.dtype.size()) as u64
+}
+
+fn contiguous(tensor: CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime> {
+    if tensor.is_contiguous() && tensor.is_contiguous_buffer() {
+        tensor
+    } else {
+        into_contiguous(tensor)
+    }
+}
+
+impl GraphBackend for CudaCube {
+    type Graph = CudaGraphHandle;
+
+    fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {
+        true
+    }
+
+    fn capture_begin(device: &CudaGraphDevice) -> Result<(), GraphError> {
+        capture_begin(device).map_err(runtime_err)
+    }
+
+    fn capture_end(device: &CudaGraphDevice) -> Result<Self::Graph, GraphError> {
+        capture_end(device).map_err(runtime_err)
+    }
+
+    fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
+        graph.replay().map_err(runtime_err)
+    }
+
+    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
+        let tensor = contiguous(tensor);
+        let bytes = value_bytes(&tensor);
+        let src = tensor.handle.clone().binding();
+        let device = tensor.device;
+        let handle = with_server(&device, move |server| {
+            let handle = server.arena_alloc(bytes)?;
+            server.copy_device(src, handle.clone().binding(), bytes)?;
+            Ok::<_, CaptureError>(handle)
+        })
+        .and_then(|r| r)
+        .map_err(runtime_err)?;
+        Ok(CubeTensor::new_contiguous(
+            tensor.client.clone(),
+            device,
+            tensor.shape(),
+            handle,
+            tensor.dtype,
+        ))
+    }
+
+    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
+        if dst.shape() != src.shape() || dst.dtype != src.dtype {
+            return Err(GraphError::CopyMismatch(format!(
+                "dst {:?} {:?}, src {:?} {:?}",
+                dst.shape(),
+                dst.dtype,
+                src.shape(),
+                src.dtype
+            )));
+        }
+        if !(dst.is_contiguous() && dst.is_contiguous_buffer()) {
+            return Err(GraphError::CopyMismatch(
+                "the destination is not a contiguous (pinned) buffer".into(),
+            ));
+        }
+        let src = contiguous(src.clone());
+        let bytes = value_bytes(&src);
+        let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
+        with_server(&dst.device, move |server| {
+            server.copy_device(from, to, bytes)
+        })
+        .and_then(|r| r)
+        .map_err(runtime_err)
+    }
+
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
+        let binding = tensor.handle.clone().binding();
+        with_server(&tensor.device, move |server| server.buffer_address(binding))
+            .ok()?
+            .ok()
+            .map(BufferId)
+    }
+}

@@ -1,0 +1,200 @@
+//! Capture windows, graph retention and replay.
+//!
+//! A window records everything the server queues on its one stream into a CUDA graph
+//! (`cuStreamBeginCapture` in THREAD_LOCAL mode: only the server's worker thread records,
+//! and unsafe calls from other threads are not affected). While it is open (DESIGN I5):
+//! - no host sync: `read`, `sync`, profiling and dynamic cube counts break the window;
+//! - no allocation: the device and pinned storages refuse new pages, so an allocation the
+//!   reserved pages cannot serve breaks the window with [`CaptureError::NeedsAllocation`];
+//! - no free: page frees, the drop queue and storage flushes wait until the window closes;
+//! - no first-time compile: a launch of a kernel not in the cache breaks the window.
+//!
+//! A broken window launches nothing more; `capture_end` ends the capture, throws the
+//! graph away and returns the first error. Nothing recorded has run, so the caller can run
+//! the step eagerly from the same state.
+//!
+//! Retention (DESIGN I1): every binding a recorded launch or copy used, every metadata
+//! upload and every pinned staging area a recorded copy reads is kept by the graph. A kept
+//! binding keeps its pool slice "in use", so the pools never hand it to another allocation
+//! while the graph lives, and eager work between replays cannot reuse the graph's
+//! intermediates (the cubecl#1612 failure).
+//!
+//! A graph lives in its server (CUDA graphs may not be used from two threads at once);
+//! callers hold a [`CudaGraphHandle`]. Replays go through the server's queue, so they are
+//! ordered with all other work. Dropping the handle releases the graph on the server: it
+//! waits for the stream to finish the graph's replays, then frees graph and retention.
+
+use super::{device::CudaGraphDevice, error::CaptureError, server::CudaGraphServer};
+use cubecl_common::{bytes::Bytes, device::Device, device_handle::DeviceHandle};
+use cubecl_core::server::Binding;
+use cudarc::driver::{CudaGraph, sys::CUdeviceptr};
+use std::collections::HashMap;
+
+/// What a graph keeps alive for its lifetime.
+#[derive(Default)]
+pub struct Retention {
+    /// Device bindings by device address (one entry per address keeps the list short).
+    bindings: HashMap<CUdeviceptr, (Binding, u64)>,
+    /// Pinned host staging read by recorded host→device copies.
+    staging: Vec<Bytes>,
+}
+
+impl core::fmt::Debug for Retention {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Retention")
+            .field("bindings", &self.bindings.len())
+            .field("device_bytes", &self.device_bytes())
+            .field("staging", &self.staging.len())
+            .finish()
+    }
+}
+
+impl Retention {
+    /// Keeps `binding` (resolved to `ptr`, `size` bytes) alive with the graph.
+    pub fn keep(&mut self, binding: Binding, ptr: CUdeviceptr, size: u64) {
+        self.bindings.entry(ptr).or_insert((binding, size));
+    }
+
+    /// Keeps a staging buffer alive with the graph.
+    pub fn keep_staging(&mut self, bytes: Bytes) {
+        self.staging.push(bytes);
+    }
+
+    /// Device bytes retained (by distinct address; views of one slice count once each).
+    pub fn device_bytes(&self) -> u64 {
+        self.bindings.values().map(|(_, size)| *size).sum()
+    }
+
+    /// Host staging bytes retained.
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// Number of distinct device buffers retained.
+    pub fn buffer_count(&self) -> usize {
+        self.bindings.len()
+    }
+}
+
+/// An open capture window.
+#[derive(Debug, Default)]
+pub struct CaptureWindow {
+    pub retention: Retention,
+    /// The first error; once set the window records nothing more.
+    pub broken: Option<CaptureError>,
+    /// Graphs released while the window was open (their release needs a host wait).
+    pub deferred_releases: Vec<CapturedGraph>,
+    /// Kernel launches recorded.
+    pub launches: usize,
+}
+
+impl CaptureWindow {
+    /// Marks the window broken with `error`, keeping the first error.
+    pub fn break_with(&mut self, error: CaptureError) {
+        if self.broken.is_none() {
+            tracing::debug!("CudaGraphRuntime: capture window broken: {error}");
+            self.broken = Some(error);
+        }
+    }
+}
+
+/// A graph instantiated by a window, with what it retains. Lives on the server thread.
+pub struct CapturedGraph {
+    /// Owns `cuGraphExec` and `cuGraph` and an `Arc` of the stream it replays on.
+    pub graph: CudaGraph,
+    pub retention: Retention,
+    pub launches: usize,
+}
+
+// SAFETY: a `CapturedGraph` is created, launched and destroyed only on its server's
+// worker thread (the server is moved there once, at start-up, and never shared); CUDA
+// requires only that calls on one graph are not concurrent, which that thread guarantees.
+unsafe impl Send for CapturedGraph {}
+
+impl core::fmt::Debug for CapturedGraph {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CapturedGraph")
+            .field("retention", &self.retention)
+            .field("launches", &self.launches)
+            .finish()
+    }
+}
+
+/// Facts about a graph, fixed at capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphInfo {
+    /// Kernel launches recorded.
+    pub launches: usize,
+    /// Distinct device buffers retained.
+    pub retained_buffers: usize,
+    /// Device bytes retained.
+    pub retained_device_bytes: u64,
+    /// Pinned host bytes retained.
+    pub retained_staging_bytes: u64,
+}
+
+/// Runs `task` on the server of `device`, in order with all work queued on it so far.
+pub fn with_server<R: Send>(
+    device: &CudaGraphDevice,
+    task: impl FnOnce(&mut CudaGraphServer) -> R + Send,
+) -> Result<R, CaptureError> {
+    DeviceHandle::<CudaGraphServer>::new(device.to_id())
+        .submit_blocking(task)
+        .map_err(|_| CaptureError::Unreachable)
+}
+
+/// Opens a capture window on `device`'s stream.
+pub fn capture_begin(device: &CudaGraphDevice) -> Result<(), CaptureError> {
+    with_server(device, |server| server.capture_begin())?
+}
+
+/// Closes the window on `device` and instantiates what it recorded.
+pub fn capture_end(device: &CudaGraphDevice) -> Result<CudaGraphHandle, CaptureError> {
+    let (id, info) = with_server(device, |server| server.capture_end())??;
+    Ok(CudaGraphHandle {
+        device: *device,
+        id,
+        info,
+    })
+}
+
+/// A replayable graph held by its server. Dropping it releases the graph once the stream
+/// has finished with it.
+#[derive(Debug)]
+pub struct CudaGraphHandle {
+    device: CudaGraphDevice,
+    id: u64,
+    info: GraphInfo,
+}
+
+impl CudaGraphHandle {
+    /// Queues one replay on the stream (`cuGraphLaunch`), after all work queued so far.
+    pub fn replay(&self) -> Result<(), CaptureError> {
+        let id = self.id;
+        with_server(&self.device, move |server| server.replay(id))?
+    }
+
+    /// The server-side id of this graph.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The device the graph replays on.
+    pub fn device(&self) -> CudaGraphDevice {
+        self.device
+    }
+
+    /// What the graph recorded and retains.
+    pub fn info(&self) -> GraphInfo {
+        self.info
+    }
+}
+
+impl Drop for CudaGraphHandle {
+    fn drop(&mut self) {
+        let id = self.id;
+        // Queued behind this graph's replays; the server waits for them before freeing.
+        DeviceHandle::<CudaGraphServer>::new(self.device.to_id())
+            .submit(move |server| server.release_graph(id));
+    }
+}
