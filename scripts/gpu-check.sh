@@ -7,7 +7,7 @@
 #       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
-#       last. WHAT (default "all") is one of: all, smoke, tests, memcheck, bench.
+#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, memcheck, bench.
 #
 # Results land in $OUT when it is set (the device tool fetches it), else in .gpu/out.
 set -uo pipefail
@@ -15,37 +15,35 @@ set -uo pipefail
 mode=${1:-run}
 here=$(cd "$(dirname "$0")" && pwd)
 
+# Builds one release test binary of PACKAGE and prints its path.
+test_binary() {
+    local package=$1 test=$2
+    cargo test --release --no-run --features cuda -p "$package" --test "$test" \
+        --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$test"
+}
+
 pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
     export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-    local json
-    json=$(cargo test --release --no-run --features cuda -p burn-graph-capture \
-        --test gpu_runtime --message-format=json 2>/dev/null) || {
-        echo "build of gpu_runtime failed"; exit 1; }
-    local test_bin
-    test_bin=$(echo "$json" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_runtime":
-        print(m["executable"])')
-    json=$(cargo test --release --no-run --features cuda -p burn-graph-capture \
-        --test gpu_capture --message-format=json 2>/dev/null) || {
-        echo "build of gpu_capture failed"; exit 1; }
-    local capture_bin
-    capture_bin=$(echo "$json" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_capture":
-        print(m["executable"])')
+    local runtime_bin capture_bin trainer_bin
+    runtime_bin=$(test_binary burn-graph-capture gpu_runtime)
+    capture_bin=$(test_binary burn-graph-capture gpu_capture)
+    trainer_bin=$(test_binary integration-tests gpu_trainer)
+    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin"; do
+        [ -n "$bin" ] || { echo "build of a GPU test binary failed"; exit 1; }
+    done
     cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
         || { echo "build of the bench failed"; exit 1; }
     local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
-    for pair in "$test_bin:gpu_runtime" "$capture_bin:gpu_capture" "$bench_bin:runtime_eager_bench"; do
+    for pair in "$runtime_bin:gpu_runtime" "$capture_bin:gpu_capture" \
+        "$trainer_bin:gpu_trainer" "$bench_bin:runtime_eager_bench"; do
         local src=${pair%%:*} name=${pair##*:}
         cp "$src" "$dest/$name"
         strip "$dest/$name" 2>/dev/null || true
@@ -65,7 +63,7 @@ run() {
     export PATH=$CUDA_PATH/bin:$PATH
     local bin=/tmp/gpu-check-bin
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture runtime_eager_bench; do
+    for name in gpu_runtime gpu_capture gpu_trainer runtime_eager_bench; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -94,6 +92,11 @@ run() {
         timeout 200 "$bin/gpu_capture" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/capture.log"
         status[capture]=${PIPESTATUS[0]}
     fi
+    if [[ $what == all || $what == tests || $what == trainer ]]; then
+        # GraphTrainer end to end: warmup, capture, replays vs eager training.
+        timeout "${TRAINER_TIMEOUT:-300}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
+        status[trainer]=${PIPESTATUS[0]}
+    fi
     if [[ $what == all || $what == bench ]]; then
         timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
         status[bench]=${PIPESTATUS[0]}
@@ -114,8 +117,8 @@ run() {
     echo
     echo "================ summary ================"
     cat "$out/machine.txt"
-    for log in smoke tests capture; do
-        [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \()" "$out/$log.log"
+    for log in smoke tests capture trainer; do
+        [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \(|graphed vs eager)" "$out/$log.log"
     done
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
@@ -128,5 +131,5 @@ run() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|memcheck|bench]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|memcheck|bench]"; exit 2 ;;
 esac

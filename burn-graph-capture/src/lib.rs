@@ -10,6 +10,8 @@ pub mod optim;
 pub mod runtime;
 pub mod step;
 
+#[cfg(feature = "cuda")]
+pub use backend::CudaCube;
 pub use backend::{
     BreakerKind, BufferId, CaptureBreaker, CaptureSession, GraphBackend, GraphCapture, GraphError,
     NoGraph, OpRecord, OpSignature, Recording, TensorSig,

@@ -126,18 +126,19 @@ fn c1_replays_match_eager_bit_for_bit_with_eager_churn_between() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
-fn c2_window_needing_a_new_page_fails_cleanly_and_stream_stays_usable() {
+fn c2_window_allocates_new_pages_and_a_host_read_fails_cleanly() {
     // Warm the zeros kernel with a small tensor.
     let _ = host(Tensor::<B, 1>::zeros([16], &dev()));
     capture_begin(&dev()).expect("capture_begin");
-    // 256 MiB: no page reserved before the window can serve it.
+    // 256 MiB: no page reserved before the window can serve it; the window allocates one
+    // (plain cuMemAlloc in relaxed capture mode) and the graph retains it.
     let big = Tensor::<B, 1>::zeros([64 << 20], &dev());
-    let err = capture_end(&dev()).expect_err("the window must fail");
+    let graph = capture_end(&dev()).expect("a window may allocate new pages");
+    graph.replay().expect("replay");
+    let head = host(big.clone().slice([0..1024]));
+    assert!(head.iter().all(|v| *v == 0.0), "the replay wrote the zeros");
     drop(big);
-    assert!(
-        matches!(err, CaptureError::NeedsAllocation { .. }),
-        "unexpected error: {err:?}"
-    );
+    drop(graph);
     assert!(!with_server(&dev(), |s| s.is_capturing()).unwrap());
     // The stream works eagerly afterwards, and a second window still captures.
     let got = host(step(input(5)));
@@ -163,7 +164,7 @@ fn c2_window_needing_a_new_page_fails_cleanly_and_stream_stays_usable() {
     );
     let _ = host(t);
     println!(
-        "capture c2: NeedsAllocation and HostSync windows failed cleanly; eager ok (max rel {max_rel:e})"
+        "capture c2: a 256 MiB page allocated inside a window; HostSync window failed cleanly; eager ok (max rel {max_rel:e})"
     );
 }
 

@@ -15,6 +15,8 @@ mod relabel;
 pub mod session;
 
 pub use base::GraphCapture;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaCube;
 pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph};
 pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,

@@ -652,9 +652,9 @@ impl ServerCommunication for CudaGraphServer {
 /// held, and new device, arena and pinned pages are refused.
 fn set_window_flags(stream: &mut ServerStream, open: bool) {
     stream.gpu.storage().hold_frees(open);
-    stream.gpu.storage().refuse_allocs(open);
+    stream.gpu.storage().set_capturing(open);
     stream.arena.storage().hold_frees(open);
-    stream.arena.storage().refuse_allocs(open);
+    stream.arena.storage().set_capturing(open);
     stream.pinned.storage().refuse_allocs(open);
 }
 

@@ -4,6 +4,7 @@ use crate::runtime::error::io_err;
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::server::IoError;
 use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use cudarc::driver::sys::{self, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaStream, DriverError, result,
     sys::{CUdeviceptr, CUresult},
@@ -37,9 +38,9 @@ pub struct GpuStorage {
     pending_frees: Vec<StorageId>,
     /// While set, `flush` keeps `pending_frees` (a capture window must not free).
     frees_held: bool,
-    /// While set, `alloc` refuses new pages (a capture window must not allocate).
-    allocs_refused: bool,
-    /// Size of the first page refused since the flag was set.
+    /// While set, a capture window is open: `alloc` uses a capture-safe allocation.
+    capturing: bool,
+    /// Size of the first page that could not be allocated inside the window.
     refused_bytes: Option<u64>,
 }
 
@@ -62,7 +63,7 @@ impl GpuStorage {
             pages: HashMap::new(),
             pending_frees: Vec::new(),
             frees_held: false,
-            allocs_refused: false,
+            capturing: false,
             refused_bytes: None,
         }
     }
@@ -73,18 +74,21 @@ impl GpuStorage {
         self.frees_held = hold;
     }
 
-    /// Refuses (or allows again) new pages. While refused, `alloc` fails and remembers the
-    /// size asked, so a capture window can report [`CaptureError::NeedsAllocation`]
-    /// (`cuMemAllocAsync` inside a capture would record a memory node that the graph then
-    /// owns, and plain `cuMemAlloc` is not permitted while capturing).
+    /// Marks a capture window open (or closed). Inside a window a capture can need more
+    /// pages than eager steps (the graph retains every buffer it touches, so nothing is
+    /// reused within the step). `cuMemAllocAsync` would record a memory node that the
+    /// graph then owns, so new pages come from plain `cuMemAlloc` in relaxed capture mode
+    /// (as PyTorch's caching allocator does): they are ordinary pool pages. If even that
+    /// fails, `alloc` fails and remembers the size, so the window reports
+    /// [`CaptureError::NeedsAllocation`].
     ///
     /// [`CaptureError::NeedsAllocation`]: crate::runtime::error::CaptureError::NeedsAllocation
-    pub fn refuse_allocs(&mut self, refuse: bool) {
-        self.allocs_refused = refuse;
+    pub fn set_capturing(&mut self, capturing: bool) {
+        self.capturing = capturing;
         self.refused_bytes = None;
     }
 
-    /// The size of the first page refused since [`Self::refuse_allocs`] was set.
+    /// The size of the first page that failed inside the window.
     pub fn refused_bytes(&self) -> Option<u64> {
         self.refused_bytes
     }
@@ -116,6 +120,24 @@ impl GpuStorage {
     }
 }
 
+/// `cuMemAlloc` on a thread that is capturing in THREAD_LOCAL mode.
+///
+/// "CU_STREAM_CAPTURE_MODE_RELAXED: the local thread is not prohibited from potentially
+/// unsafe API calls" (cuThreadExchangeStreamCaptureMode); the previous mode is restored.
+///
+/// # Safety
+/// The returned pointer must be freed exactly once.
+unsafe fn malloc_while_capturing(bytes: usize) -> Result<CUdeviceptr, DriverError> {
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges this thread's capture mode; `mode` receives the previous one.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
+    // SAFETY: a plain allocation.
+    let allocated = unsafe { result::malloc_sync(bytes) };
+    // SAFETY: puts the previous mode back.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
+    allocated
+}
+
 impl ComputeStorage for GpuStorage {
     type Resource = GpuResource;
 
@@ -137,20 +159,24 @@ impl ComputeStorage for GpuStorage {
     }
 
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
-        if self.allocs_refused {
-            self.refused_bytes.get_or_insert(size);
-            return Err(IoError::Unknown {
-                description: format!(
-                    "capture window: a new device page of {size} bytes was refused"
-                ),
-                backtrace: BackTrace::capture(),
-            });
-        }
         let bytes = size as usize;
-        // SAFETY: plain allocation calls; the pointer is recorded and freed once.
-        let allocated = unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }
-            .map(|ptr| (ptr, AllocKind::StreamOrdered))
-            .or_else(|_| unsafe { result::malloc_sync(bytes) }.map(|ptr| (ptr, AllocKind::Plain)));
+        let allocated = if self.capturing {
+            // SAFETY: a plain allocation, recorded and freed once.
+            match unsafe { malloc_while_capturing(bytes) } {
+                Ok(ptr) => Ok((ptr, AllocKind::Plain)),
+                Err(err) => {
+                    self.refused_bytes.get_or_insert(size);
+                    return Err(io_err("cuMemAlloc inside a capture window", err));
+                }
+            }
+        } else {
+            // SAFETY: plain allocation calls; the pointer is recorded and freed once.
+            unsafe { result::malloc_async(self.stream.cu_stream(), bytes) }
+                .map(|ptr| (ptr, AllocKind::StreamOrdered))
+                .or_else(|_| {
+                    unsafe { result::malloc_sync(bytes) }.map(|ptr| (ptr, AllocKind::Plain))
+                })
+        };
         let (ptr, kind) = match allocated {
             Ok(page) => page,
             Err(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => {
