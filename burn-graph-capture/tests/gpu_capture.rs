@@ -135,7 +135,7 @@ fn c2_window_allocates_new_pages_and_a_host_read_fails_cleanly() {
     let big = Tensor::<B, 1>::zeros([64 << 20], &dev());
     let graph = capture_end(&dev()).expect("a window may allocate new pages");
     graph.replay().expect("replay");
-    let head = host(big.clone().slice([0..1024]));
+    let head = host(big.clone().narrow(0, 0, 1024));
     assert!(head.iter().all(|v| *v == 0.0), "the replay wrote the zeros");
     drop(big);
     drop(graph);
