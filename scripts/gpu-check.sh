@@ -7,7 +7,7 @@
 #       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
-#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, memcheck, bench.
+#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, memcheck, bench.
 #
 # Results land in $OUT when it is set (the device tool fetches it), else in .gpu/out.
 set -uo pipefail
@@ -15,10 +15,11 @@ set -uo pipefail
 mode=${1:-run}
 here=$(cd "$(dirname "$0")" && pwd)
 
-# Builds one release test binary of PACKAGE and prints its path.
+# Builds one release test (or, with KIND=bench, benchmark) binary of PACKAGE and prints
+# its path.
 test_binary() {
-    local package=$1 test=$2
-    cargo test --release --no-run --features cuda -p "$package" --test "$test" \
+    local package=$1 test=$2 kind=${3:-test}
+    cargo test --release --no-run --features cuda -p "$package" "--$kind" "$test" \
         --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -32,18 +33,19 @@ pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
     export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-    local runtime_bin capture_bin trainer_bin
+    local runtime_bin capture_bin trainer_bin speed_bin
     runtime_bin=$(test_binary burn-graph-capture gpu_runtime)
     capture_bin=$(test_binary burn-graph-capture gpu_capture)
     trainer_bin=$(test_binary integration-tests gpu_trainer)
-    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin"; do
+    speed_bin=$(test_binary integration-tests gpu_graph_speed bench)
+    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin" "$speed_bin"; do
         [ -n "$bin" ] || { echo "build of a GPU test binary failed"; exit 1; }
     done
     cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
         || { echo "build of the bench failed"; exit 1; }
     local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
     for pair in "$runtime_bin:gpu_runtime" "$capture_bin:gpu_capture" \
-        "$trainer_bin:gpu_trainer" "$bench_bin:runtime_eager_bench"; do
+        "$trainer_bin:gpu_trainer" "$speed_bin:gpu_graph_speed" "$bench_bin:runtime_eager_bench"; do
         local src=${pair%%:*} name=${pair##*:}
         cp "$src" "$dest/$name"
         strip "$dest/$name" 2>/dev/null || true
@@ -63,7 +65,7 @@ run() {
     export PATH=$CUDA_PATH/bin:$PATH
     local bin=/tmp/gpu-check-bin
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer runtime_eager_bench; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -97,6 +99,11 @@ run() {
         timeout "${TRAINER_TIMEOUT:-300}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
         status[trainer]=${PIPESTATUS[0]}
     fi
+    if [[ $what == all || $what == bench || $what == speed ]]; then
+        # Graphed vs eager LSTM step on this runtime ("all" sizes unless SPEED_SIZES is set).
+        timeout "${SPEED_TIMEOUT:-400}" "$bin/gpu_graph_speed" "${SPEED_SIZES:-all}" 2>&1 | tee "$out/speed.log"
+        status[speed]=${PIPESTATUS[0]}
+    fi
     if [[ $what == all || $what == bench ]]; then
         timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
         status[bench]=${PIPESTATUS[0]}
@@ -123,6 +130,7 @@ run() {
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
     [ -f "$out/bench.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/bench.log"
+    [ -f "$out/speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/speed.log"
     echo "| check | exit status |"
     echo "|---|---|"
     for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
@@ -131,5 +139,5 @@ run() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|memcheck|bench]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|memcheck|bench]"; exit 2 ;;
 esac
