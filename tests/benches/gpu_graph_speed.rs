@@ -46,7 +46,9 @@ fn main() {
         let bytes = to_bytes(config.init::<Flex>(&Default::default()));
         let batches: Vec<Batch<B>> = {
             let mut task = SineTask::new(1, 32);
-            (0..WARMUP + TIMED).map(|_| task.next_batch(b, t, &device)).collect()
+            (0..WARMUP + TIMED)
+                .map(|_| task.next_batch(b, t, &device))
+                .collect()
         };
 
         // Graphed: warmup and capture untimed, then each replay timed to a host read.
@@ -61,7 +63,11 @@ fn main() {
             let outcome = trainer.step(batch.clone()).unwrap();
             let _: f32 = outcome.loss.into_scalar();
             graphed.push(start.elapsed().as_secs_f64() * 1e3);
-            assert_eq!(outcome.mode, StepMode::Replayed, "every timed step is a replay");
+            assert_eq!(
+                outcome.mode,
+                StepMode::Replayed,
+                "every timed step is a replay"
+            );
         }
         let report = trainer.report();
 
