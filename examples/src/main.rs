@@ -2,6 +2,8 @@
 //!
 //! `cargo run --release -p lstm-example` trains on the CPU (Flex): every step runs
 //! eagerly, and the report says why (`NoHardwareGraphs` after warmup).
+//! `cargo run --release -p lstm-example --features cuda` trains on an NVIDIA GPU through
+//! this crate's runtime: warmup, one captured step, then replays.
 
 use burn::backend::Flex;
 use burn_graph_capture::optim::CapturableAdamConfig;
@@ -9,7 +11,13 @@ use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode, TrainBacken
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
-type B = TrainBackend<Flex>;
+/// The inner backend: the CPU by default, this crate's CUDA runtime with `--features cuda`.
+#[cfg(not(feature = "cuda"))]
+type Inner = Flex;
+#[cfg(feature = "cuda")]
+type Inner = burn_graph_capture::CudaCube;
+
+type B = TrainBackend<Inner>;
 
 const STEPS: usize = 30;
 const BATCH: usize = 16;
@@ -20,8 +28,9 @@ const LR: f64 = 1e-2;
 fn main() {
     let device = Default::default();
     let config = LstmRegressorConfig::new(HIDDEN);
-    // Materialize the lazily initialized weights before handing the model over.
-    let model = from_bytes::<B>(&config, to_bytes(config.init::<Flex>(&device)), &device);
+    // Materialize the lazily initialized weights (on the CPU) before handing them over.
+    let weights = to_bytes(config.init::<Flex>(&Default::default()));
+    let model = from_bytes::<B>(&config, weights, &device);
     let optimizer = CapturableAdamConfig::new()
         .with_learning_rate(LR)
         .init::<B>(&device);
