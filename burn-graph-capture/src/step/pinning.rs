@@ -74,11 +74,10 @@ impl<G: GraphBackend> Pinned<G> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        let mut ids: Vec<_> = parameters::<G, M>(model)
-            .values()
+        let ids: Vec<_> = buffers(Some(model), optimizer)
+            .iter()
             .map(G::buffer_id)
             .collect();
-        optimizer.visit_state(&mut |_, tensor| ids.push(G::buffer_id(&primitive(tensor))));
         ids == self.ids
     }
 
@@ -151,8 +150,24 @@ fn byte_size<G: GraphBackend>(tensor: &FloatTensor<G>) -> u64 {
     (tensor.shape().num_elements() * tensor.dtype().size()) as u64
 }
 
+/// Every parameter (by `ParamId`) and then every optimizer-state tensor (in
+/// `visit_state` order), as inner primitives: the buffers a trainer registers and pins,
+/// in the order `Pinned` records their identities.
+pub(super) fn buffers<G, M, O>(model: Option<&M>, optimizer: &mut O) -> Vec<FloatTensor<G>>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>>,
+{
+    let mut buffers: Vec<_> = model
+        .map(|model| parameters::<G, M>(model).into_values().collect())
+        .unwrap_or_default();
+    optimizer.visit_state(&mut |_, tensor| buffers.push(primitive(tensor)));
+    buffers
+}
+
 /// The model's float parameters as inner primitives, ordered by `ParamId`.
-pub(super) fn parameters<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(
+fn parameters<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(
     model: &M,
 ) -> BTreeMap<ParamId, FloatTensor<G>> {
     struct Collect<G: GraphBackend>(BTreeMap<ParamId, FloatTensor<G>>);

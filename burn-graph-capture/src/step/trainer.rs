@@ -14,7 +14,7 @@ use super::error::StepError;
 use super::graphed::{CapturedStep, Fallback};
 use super::input::{InputKey, StepInput, check_batch};
 use super::mode::{FallbackReason, StepMode};
-use super::pinning::{Pinned, parameters};
+use super::pinning::{Pinned, buffers};
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use crate::backend::{CaptureSession, GraphBackend, GraphCapture, Recording};
@@ -257,14 +257,7 @@ where
     /// Registers the current parameter and optimizer-state buffers, releasing the
     /// previous ones.
     pub(super) fn register_buffers(&mut self) {
-        let mut buffers: Vec<FloatTensor<G>> = match &self.model {
-            Some(model) => parameters::<G, M>(model).into_values().collect(),
-            None => Vec::new(),
-        };
-        self.optimizer.visit_state(&mut |_, tensor| {
-            buffers.push(tensor.clone().into_primitive().tensor());
-        });
-        let buffers = buffers
+        let buffers = buffers::<G, M, O>(self.model.as_ref(), &mut self.optimizer)
             .into_iter()
             .filter_map(|tensor| G::buffer_id(&tensor).map(|id| (id, tensor)))
             .collect();
