@@ -58,19 +58,27 @@ const MAX_TABLE: usize = 1 << 16;
 /// for `beta = 0.999`), so that ulp becomes a relative error near 1e-5 in the step size.
 ///
 /// So the values are Burn's own: a table of `1.0 - beta.powi(t)`, computed once on the
-/// host by the same call Burn makes and indexed on the device by `t` (a `select`). The
+/// host by the same call Burn makes and indexed on the device by `t`. The
 /// table ends where the correction has reached exactly `1.0` in `f32` (`t = 166` for
 /// `beta = 0.9`, about 17k for `0.999`), so clamping `t` to its end stays exact forever.
 /// Only for a `beta` so close to 1 that this takes more than 65,536 steps, later steps
 /// fall back to [`approximate_bias_correction`] (a `mask_where`, the same ops every
 /// step).
 ///
-/// The table is a constant: it is created once, never replaced, and read by every step,
-/// so a captured step keeps reading it at the same address for the optimizer's lifetime.
+/// The lookup is a one-hot sum, `sum(table * (positions == t))`, not a `select`: Burn
+/// 0.21's fusion mis-indexes a `select` whose `[1]` result is fused into a broadcast
+/// (the fused kernel reads the index tensor at every output position; seen on the H200
+/// as an out-of-bounds read under compute-sanitizer). The sum adds one table value to
+/// zeros, so it is exact.
+///
+/// The tables are constants: created once, never replaced, and read by every step, so a
+/// captured step keeps reading them at the same addresses for the optimizer's lifetime.
 #[derive(Clone, Debug)]
 pub struct BiasCorrection<B: Backend> {
     beta: f32,
     table: Tensor<B, 1>,
+    /// `0, 1, 2, ..` as floats, one per table entry (exact: the table is shorter than 2^24).
+    positions: Tensor<B, 1>,
     /// Index of the last entry.
     last: usize,
     /// Whether the table ends at exactly 1.0 (no fallback needed).
@@ -92,9 +100,12 @@ impl<B: Backend> BiasCorrection<B> {
         }
         let last = values.len() - 1;
         let table = Tensor::from_data(TensorData::new(values, [last + 1]), device);
+        let positions: Vec<f32> = (0..=last).map(|t| t as f32).collect();
+        let positions = Tensor::from_data(TensorData::new(positions, [last + 1]), device);
         Self {
             beta,
             table,
+            positions,
             last,
             saturated,
         }
@@ -102,8 +113,12 @@ impl<B: Backend> BiasCorrection<B> {
 
     /// `1 - beta^t` for the `[1]`-shaped step tensor `t` (a whole number, at least 1).
     pub fn at(&self, t: Tensor<B, 1>) -> Tensor<B, 1> {
-        let index = t.clone().clamp_max(self.last as f64).int();
-        let exact = self.table.clone().select(0, index);
+        let index = t
+            .clone()
+            .clamp_max(self.last as f64)
+            .expand([self.last + 1]);
+        let hit = self.positions.clone().equal(index).float();
+        let exact = self.table.clone().mul(hit).sum();
         if self.saturated {
             return exact;
         }
