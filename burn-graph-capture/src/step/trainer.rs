@@ -115,7 +115,12 @@ where
         let key = check_batch::<G>(&batch.float_tensors(), &self.device)?;
         self.shared_with = registry::shared_with(self.id);
         let plan = match self.shared_with {
-            Some(other) => Plan::Eager(FallbackReason::SharedWithTrainer(other)),
+            Some(other) => {
+                // The other trainer may sit on this one's pinned buffers (a model cloned
+                // from this trainer's): writing back into them would change its values.
+                self.unpin();
+                Plan::Eager(FallbackReason::SharedWithTrainer(other))
+            }
             None => self
                 .cache
                 .plan(&key, G::supports_hardware_graphs(&self.device)),
