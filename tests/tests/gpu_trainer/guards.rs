@@ -69,6 +69,72 @@ fn shared_parameter_runs_eagerly<G: Stack>() {
     Comparison::of(&b_run, &eager_b).check("shared, second trainer", TOLERANCE);
 }
 
+/// A second trainer made from a graphed trainer's model (`trainer.model().clone()`)
+/// starts on the first one's pinned buffers: both must turn eager, and the first one's
+/// steps must no longer write into those buffers, or the second model would change
+/// under it (I4: no silent divergence). Each equals its own eager training.
+fn a_trainer_made_from_a_graphed_trainers_model_keeps_its_values<G: Stack>() {
+    let (graphed_steps, shared_steps) = (WARMUP + 1 + 3, 3);
+    let bytes = model_bytes(SMALL);
+    let mut first = GraphTrainer::new(
+        model::<G>(SMALL, &bytes),
+        adam::<G>(),
+        loss,
+        GraphTrainerConfig::new(),
+    );
+    let mut task_a = SineTask::new(61, D_INPUT);
+    let mut a_run = Run::default();
+    let mut step_first = |trainer: &mut GraphTrainer<_, _, _, _, _>, run: &mut Run, step| {
+        trainer.set_lr(lr_at(LR, step));
+        let outcome = trainer.step(batch::<G>(&mut task_a, SMALL)).expect("step");
+        run.modes.push(outcome.mode);
+        run.losses.push(outcome.loss.into_scalar().elem());
+    };
+    for step in 0..graphed_steps {
+        step_first(&mut first, &mut a_run, step);
+    }
+    assert_warmup_capture_replay(&a_run.modes);
+    let snapshot: Model<G> = first.model().unwrap().clone();
+    let snapshot_bytes = lstm_example::train::to_bytes(snapshot.clone());
+    let mut second = GraphTrainer::new(snapshot, adam::<G>(), loss, GraphTrainerConfig::new());
+    let mut task_b = SineTask::new(62, D_INPUT);
+    let mut b_run = Run::default();
+    for step in 0..shared_steps {
+        // The first trainer steps first: a write-back into its pins would be seen by the
+        // second trainer's model.
+        step_first(&mut first, &mut a_run, graphed_steps + step);
+        second.set_lr(lr_at(LR, step));
+        let b = second.step(batch(&mut task_b, SMALL)).expect("step");
+        assert_eq!(
+            a_run.modes.last().unwrap(),
+            &StepMode::Eager(FallbackReason::SharedWithTrainer(second.id()))
+        );
+        assert_eq!(
+            b.mode,
+            StepMode::Eager(FallbackReason::SharedWithTrainer(first.id()))
+        );
+        b_run.losses.push(b.loss.into_scalar().elem());
+    }
+    assert_eq!(
+        first.report().graphs_alive,
+        0,
+        "a shared trainer keeps no graph"
+    );
+    a_run.params = parameter_values(first.model().unwrap());
+    b_run.params = parameter_values(second.model().unwrap());
+
+    let steps = graphed_steps + shared_steps;
+    let eager_a = eager_run::<G, _>(plan(61, steps), &bytes, adam::<G>(), &mut nothing::<G>);
+    let eager_b = eager_run::<G, _>(
+        plan(62, shared_steps),
+        &snapshot_bytes,
+        adam::<G>(),
+        &mut nothing::<G>,
+    );
+    Comparison::of(&a_run, &eager_a).check("graphed trainer, then shared", TOLERANCE);
+    Comparison::of(&b_run, &eager_b).check("trainer made from its model", TOLERANCE);
+}
+
 /// Eager work between replays (cubecl#1612: freed intermediates reused, later replays
 /// corrupted): after every step the loss is read, the model is evaluated on a batch of
 /// another shape, and tensors of several sizes are created, checked and dropped, one of
@@ -241,6 +307,7 @@ fn a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly<G: Stack>() {
 
 stack_tests!(cube: burn_graph_capture::CudaCube;
     shared_parameter_runs_eagerly,
+    a_trainer_made_from_a_graphed_trainers_model_keeps_its_values,
     eager_work_between_replays_does_not_corrupt_them,
     dropping_a_trainer_with_replays_in_flight_is_safe,
     into_parts_with_replays_in_flight_keeps_the_trained_model,
