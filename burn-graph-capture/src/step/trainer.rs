@@ -145,7 +145,10 @@ where
     /// optimizer state is pinned, the value is written into the pinned buffer.
     pub fn set_lr(&mut self, lr: LearningRate) {
         if !self.write_lr(lr) {
+            // A new lr tensor: if pins exist (the write into them failed), the next graph
+            // step must see that the optimizer left them.
             self.optimizer.set_lr(lr);
+            self.pins_verified = false;
         }
     }
 
