@@ -23,6 +23,20 @@ use lstm_example::{LstmRegressor, LstmRegressorConfig, SineTask};
 pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
 impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
 
+/// A short name of the stack for logs: "fused" or "cube".
+pub fn stack_name<G: Stack>() -> &'static str {
+    if std::any::type_name::<G>().contains("Fusion<") {
+        "fused"
+    } else {
+        "cube"
+    }
+}
+
+/// A test case's name in logs, with its stack.
+pub fn case<G: Stack>(name: &str) -> String {
+    format!("{name}, {}", stack_name::<G>())
+}
+
 pub type Model<G> = LstmRegressor<TrainBackend<G>>;
 pub type Batch<G> = lstm_example::Batch<TrainBackend<G>>;
 

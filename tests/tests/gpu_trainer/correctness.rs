@@ -38,7 +38,7 @@ where
     );
     assert_warmup_capture_replay(&graphed.modes);
     let eager = eager_run::<G, O>(plan, &bytes, make(), &mut nothing::<G>);
-    let case = format!("{case}, {}", std::any::type_name::<G>());
+    let case = crate::common::case::<G>(case);
     let comparison = crate::common::Comparison::of(&graphed, &eager);
     println!(
         "{case}: loss {} -> {} over {STEPS} steps; report {}",
@@ -64,6 +64,13 @@ fn adamw_replays_equal_eager<G: Stack>() {
 fn sgd_momentum_replays_equal_eager<G: Stack>() {
     replayed_equals_eager::<G, _>("sgd+momentum", 2e-2, sgd_momentum::<G>);
 }
+
+// The stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
+stack_tests!(fused: burn_graph_capture::CudaFused;
+    adam_replays_equal_eager,
+    adamw_replays_equal_eager,
+    sgd_momentum_replays_equal_eager,
+);
 
 stack_tests!(cube: burn_graph_capture::CudaCube;
     adam_replays_equal_eager,

@@ -10,8 +10,8 @@ use lstm_example::train::parameter_values;
 
 use crate::common::{
     Comparison, D_INPUT, Diff, Model, Plan, Run, SMALL, Stack, TOLERANCE, WARMUP, adam,
-    assert_warmup_capture_replay, batch, device, eager_churn, eager_run, graph_count, graphed_run,
-    loss, lr_at, model, model_bytes, nothing,
+    assert_warmup_capture_replay, batch, case, device, eager_churn, eager_run, graph_count,
+    graphed_run, loss, lr_at, model, model_bytes, nothing,
 };
 
 const LR: f64 = 1e-2;
@@ -65,8 +65,8 @@ fn shared_parameter_runs_eagerly<G: Stack>() {
 
     let eager_a = eager_run::<G, _>(plan(6, steps), &bytes, adam::<G>(), &mut nothing::<G>);
     let eager_b = eager_run::<G, _>(plan(7, steps), &bytes, adam::<G>(), &mut nothing::<G>);
-    Comparison::of(&a_run, &eager_a).check("shared, first trainer", TOLERANCE);
-    Comparison::of(&b_run, &eager_b).check("shared, second trainer", TOLERANCE);
+    Comparison::of(&a_run, &eager_a).check(&case::<G>("shared, first trainer"), TOLERANCE);
+    Comparison::of(&b_run, &eager_b).check(&case::<G>("shared, second trainer"), TOLERANCE);
 }
 
 /// A second trainer made from a graphed trainer's model (`trainer.model().clone()`)
@@ -131,8 +131,8 @@ fn a_trainer_made_from_a_graphed_trainers_model_keeps_its_values<G: Stack>() {
         adam::<G>(),
         &mut nothing::<G>,
     );
-    Comparison::of(&a_run, &eager_a).check("graphed trainer, then shared", TOLERANCE);
-    Comparison::of(&b_run, &eager_b).check("trainer made from its model", TOLERANCE);
+    Comparison::of(&a_run, &eager_a).check(&case::<G>("graphed trainer, then shared"), TOLERANCE);
+    Comparison::of(&b_run, &eager_b).check(&case::<G>("trainer made from its model"), TOLERANCE);
 }
 
 /// Eager work between replays (cubecl#1612: freed intermediates reused, later replays
@@ -169,7 +169,7 @@ fn eager_work_between_replays_does_not_corrupt_them<G: Stack>() {
     assert_warmup_capture_replay(&graphed.modes);
     let eager = eager_run::<G, _>(plan(21, steps), &bytes, adam::<G>(), &mut between);
     assert_eq!(graphed.probes.len(), steps);
-    Comparison::of(&graphed, &eager).check("eager work between replays", TOLERANCE);
+    Comparison::of(&graphed, &eager).check(&case::<G>("eager work between replays"), TOLERANCE);
 }
 
 /// Queues replays without reading anything, then drops the trainer (its graph, pins and
@@ -217,7 +217,8 @@ fn dropping_a_trainer_with_replays_in_flight_is_safe<G: Stack>() {
     let last: f32 = last_loss.unwrap().into_scalar().elem();
     let diff = Diff::of(&[last], &eager.losses[steps - 1..]);
     println!(
-        "trainer dropped with replays in flight: last replayed loss {last} vs eager {}: {}",
+        "{}: last replayed loss {last} vs eager {}: {}",
+        case::<G>("trainer dropped with replays in flight"),
         eager.losses[steps - 1],
         diff.describe()
     );
@@ -302,8 +303,18 @@ fn a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly<G: Stack>() {
         eager.losses.push(loss.into_scalar().elem());
     }
     eager.params = parameter_values(&eager_model);
-    Comparison::of(&graphed, &eager).check("smaller last batch", TOLERANCE);
+    Comparison::of(&graphed, &eager).check(&case::<G>("smaller last batch"), TOLERANCE);
 }
+
+// The stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
+stack_tests!(fused: burn_graph_capture::CudaFused;
+    shared_parameter_runs_eagerly,
+    a_trainer_made_from_a_graphed_trainers_model_keeps_its_values,
+    eager_work_between_replays_does_not_corrupt_them,
+    dropping_a_trainer_with_replays_in_flight_is_safe,
+    into_parts_with_replays_in_flight_keeps_the_trained_model,
+    a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly,
+);
 
 stack_tests!(cube: burn_graph_capture::CudaCube;
     shared_parameter_runs_eagerly,
