@@ -95,8 +95,9 @@ run() {
         status[capture]=${PIPESTATUS[0]}
     fi
     if [[ $what == all || $what == tests || $what == trainer ]]; then
-        # GraphTrainer end to end: warmup, capture, replays vs eager training.
-        timeout "${TRAINER_TIMEOUT:-300}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
+        # GraphTrainer end to end (issue-5 acceptance): replays vs eager training, guards,
+        # memory. Two LSTM sizes per stack, so a cold run compiles and autotunes more.
+        timeout "${TRAINER_TIMEOUT:-540}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
         status[trainer]=${PIPESTATUS[0]}
     fi
     if [[ $what == all || $what == bench || $what == speed ]]; then
@@ -119,6 +120,11 @@ run() {
             "$bin/gpu_capture" --ignored --test-threads=1 >"$out/memcheck-capture.log" 2>&1
         status[memcheck_capture]=$?
         tail -3 "$out/memcheck-capture.log"
+        # GraphTrainer guard tests (small LSTM sizes, for the sanitizer's slowdown).
+        timeout "${MEMCHECK_TRAINER_TIMEOUT:-400}" compute-sanitizer --tool memcheck --error-exitcode 17 --print-limit 20 \
+            "$bin/gpu_trainer" --ignored --test-threads=1 guards:: >"$out/memcheck-trainer.log" 2>&1
+        status[memcheck_trainer]=$?
+        tail -3 "$out/memcheck-trainer.log"
     fi
 
     echo
@@ -129,6 +135,7 @@ run() {
     done
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
+    [ -f "$out/memcheck-trainer.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-trainer.log"
     [ -f "$out/bench.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/bench.log"
     [ -f "$out/speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/speed.log"
     echo "| check | exit status |"

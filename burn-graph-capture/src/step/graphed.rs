@@ -128,6 +128,16 @@ where
         Err(Fallback::Repin)
     }
 
+    /// Drops every graph (before the buffers they use) and the pins, so that no step
+    /// writes into the pinned buffers any more; graphed shapes capture again later.
+    pub(super) fn unpin(&mut self) {
+        if self.pinned.is_some() {
+            self.cache.drop_graphs();
+            self.pinned = None;
+            self.report.pinned_bytes = 0;
+        }
+    }
+
     /// Records the step for `key` into a graph and launches it once.
     pub(super) fn capture_step(
         &mut self,

@@ -121,7 +121,12 @@ where
         let key = check_batch::<G>(&batch.float_tensors(), &self.device)?;
         self.shared_with = registry::shared_with(self.id);
         let plan = match self.shared_with {
-            Some(other) => Plan::Eager(FallbackReason::SharedWithTrainer(other)),
+            Some(other) => {
+                // The other trainer may sit on this one's pinned buffers (a model cloned
+                // from this trainer's): writing back into them would change its values.
+                self.unpin();
+                Plan::Eager(FallbackReason::SharedWithTrainer(other))
+            }
             None => self
                 .cache
                 .plan(&key, G::supports_hardware_graphs(&self.device)),
@@ -140,7 +145,10 @@ where
     /// optimizer state is pinned, the value is written into the pinned buffer.
     pub fn set_lr(&mut self, lr: LearningRate) {
         if !self.write_lr(lr) {
+            // A new lr tensor: if pins exist (the write into them failed), the next graph
+            // step must see that the optimizer left them.
             self.optimizer.set_lr(lr);
+            self.pins_verified = false;
         }
     }
 

@@ -1,0 +1,66 @@
+//! Device memory is flat over 1,000 replays (issue 5, acceptance 6).
+//!
+//! Tolerance: bytes in use must be exactly equal at replay 100 and replay 1,000. Each
+//! step allocates the same transient tensors (the uploaded batch, the learning-rate
+//! value, the loss copy), all dropped and drained before measuring, and a replay itself
+//! allocates nothing (I5), so any difference is a leak. Reserved bytes may shrink (the
+//! pools may release empty pages) but must not grow.
+
+use burn::prelude::*;
+use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode};
+use lstm_example::SineTask;
+
+use crate::common::{
+    D_INPUT, MEDIUM, Stack, WARMUP, adam, batch, device, loss, lr_at, model, model_bytes,
+    pool_usage,
+};
+
+const REPLAYS: usize = 1000;
+const MEASURE_AT: [usize; 2] = [100, REPLAYS];
+
+fn memory_is_flat_over_1000_replays<G: Stack>() {
+    let bytes = model_bytes(MEDIUM);
+    let mut trainer = GraphTrainer::new(
+        model::<G>(MEDIUM, &bytes),
+        adam::<G>(),
+        loss,
+        GraphTrainerConfig::new(),
+    );
+    let mut task = SineTask::new(51, D_INPUT);
+    let mut replays = 0;
+    let mut usage = Vec::new();
+    let mut step = 0;
+    while replays < REPLAYS {
+        trainer.set_lr(lr_at(1e-2, step));
+        let outcome = trainer.step(batch(&mut task, MEDIUM)).expect("step");
+        match outcome.mode {
+            StepMode::Replayed => replays += 1,
+            ref mode => assert!(step <= WARMUP, "step {step} not replayed: {mode:?}"),
+        }
+        if MEASURE_AT.contains(&replays) && outcome.mode == StepMode::Replayed {
+            let loss: f32 = outcome.loss.into_scalar().elem();
+            assert!(loss.is_finite(), "replay {replays}: loss {loss}");
+            G::sync(&device()).expect("sync");
+            let (in_use, reserved) = pool_usage();
+            println!(
+                "memory at replay {replays}: {in_use} bytes in use, {reserved} reserved; loss {loss}; report {}",
+                serde_json::to_string(&trainer.report()).unwrap()
+            );
+            usage.push((in_use, reserved));
+        }
+        step += 1;
+    }
+    let [(in_use_100, reserved_100), (in_use_1000, reserved_1000)] = usage[..] else {
+        panic!("measured {} times, not twice", usage.len());
+    };
+    assert_eq!(in_use_100, in_use_1000, "bytes in use grew over replays");
+    assert!(
+        reserved_1000 <= reserved_100,
+        "reserved bytes grew: {reserved_100} -> {reserved_1000}"
+    );
+}
+
+// The issue's stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
+stack_tests!(fused: burn_graph_capture::CudaFused; memory_is_flat_over_1000_replays);
+
+stack_tests!(cube: burn_graph_capture::CudaCube; memory_is_flat_over_1000_replays);
