@@ -10,12 +10,12 @@ pub mod optim;
 pub mod runtime;
 pub mod step;
 
-#[cfg(feature = "cuda")]
-pub use backend::CudaCube;
 pub use backend::{
     BreakerKind, BufferId, CaptureBreaker, CaptureSession, GraphBackend, GraphCapture, GraphError,
     NoGraph, OpRecord, OpSignature, Recording, TensorSig,
 };
+#[cfg(feature = "cuda")]
+pub use backend::{CudaCube, CudaFused};
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepInput, StepMode, StepOutcome,
     TrainBackend, TrainerReport,

@@ -3,7 +3,8 @@
 //! `cargo run --release -p lstm-example` trains on the CPU (Flex): every step runs
 //! eagerly, and the report says why (`NoHardwareGraphs` after warmup).
 //! `cargo run --release -p lstm-example --features cuda` trains on an NVIDIA GPU through
-//! this crate's runtime: warmup, one captured step, then replays.
+//! this crate's runtime with Burn's fusion on top (`CudaFused`): warmup, one captured
+//! step, then replays.
 
 use burn::backend::Flex;
 use burn_graph_capture::optim::CapturableAdamConfig;
@@ -11,11 +12,12 @@ use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode, TrainBacken
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
-/// The inner backend: the CPU by default, this crate's CUDA runtime with `--features cuda`.
+/// The inner backend: the CPU by default, `Fusion<CubeBackend<CudaGraphRuntime>>` with
+/// `--features cuda`.
 #[cfg(not(feature = "cuda"))]
 type Inner = Flex;
 #[cfg(feature = "cuda")]
-type Inner = burn_graph_capture::CudaCube;
+type Inner = burn_graph_capture::CudaFused;
 
 type B = TrainBackend<Inner>;
 
@@ -39,8 +41,9 @@ fn main() {
     let mut trainer = GraphTrainer::new(model, optimizer, loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(7, 32);
 
+    let stack = std::any::type_name::<Inner>();
     println!(
-        "training LSTM (batch {BATCH}, time {TIME}, hidden {HIDDEN}) with GraphTrainer on Flex"
+        "training LSTM (batch {BATCH}, time {TIME}, hidden {HIDDEN}) with GraphTrainer on {stack}"
     );
     for step in 1..=STEPS {
         let batch = task.next_batch::<B>(BATCH, TIME, &device);

@@ -9,6 +9,8 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod forward;
+#[cfg(feature = "cuda")]
+mod fusion;
 mod graph_backend;
 mod ops;
 mod relabel;
@@ -17,6 +19,8 @@ pub mod session;
 pub use base::GraphCapture;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaCube;
+#[cfg(feature = "cuda")]
+pub use fusion::{CudaFused, FusedGraph};
 pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph};
 pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,

@@ -100,6 +100,7 @@ where
         self.report.pinned_bytes = pinned.bytes;
         self.model = Some(model);
         self.pinned = Some(pinned);
+        self.pins_verified = true;
         self.register_buffers();
         Ok(())
     }
@@ -107,10 +108,14 @@ where
     /// Checks that the model and optimizer still sit on the pinned buffers; if not,
     /// drops every graph (before the buffers they use) and the pins.
     pub(super) fn check_pins(&mut self) -> Result<(), Fallback> {
+        if self.pins_verified {
+            return Ok(());
+        }
         let (Some(pinned), Some(model)) = (&self.pinned, &self.model) else {
             return Ok(());
         };
         if pinned.unchanged(model, &mut self.optimizer) {
+            self.pins_verified = true;
             return Ok(());
         }
         self.cache.drop_graphs();

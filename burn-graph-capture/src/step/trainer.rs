@@ -61,6 +61,11 @@ where
     pub(super) cache: GraphCache<CapturedStep<G>>,
     /// Parameters and optimizer state at fixed addresses, once a graph needs them.
     pub(super) pinned: Option<Pinned<G>>,
+    /// Whether the model has been checked to sit on the pinned buffers since it last
+    /// entered the trainer. Only `put_model` can change the buffers the trainer's model
+    /// and optimizer use (the trainer never lends them out mutably), so replays skip the
+    /// check (one identity query per parameter and state tensor) while this holds.
+    pub(super) pins_verified: bool,
     /// Registered buffers, kept alive so that their identities stay unique.
     registration: Registration<FloatTensor<G>>,
     shared_with: Option<TrainerId>,
@@ -95,6 +100,7 @@ where
             step_fn,
             registration: Registration::new(id),
             pinned: None,
+            pins_verified: false,
             shared_with: None,
             report: TrainerReport {
                 trainer: Some(id),
@@ -154,6 +160,7 @@ where
     pub fn put_model(&mut self, model: M) {
         self.optimizer.init_state(&model);
         self.model = Some(model);
+        self.pins_verified = false;
         self.register_buffers();
     }
 

@@ -1,0 +1,103 @@
+//! `GraphBackend` for `Fusion<B>`: graph capture on top of Burn's operation fusion.
+//!
+//! Fusion queues operations and launches them later, as fused kernels. A window must
+//! record exactly one step's kernels, so the calling thread's fusion stream is drained
+//! (its queued kernels launched onto B's stream; no host sync) before a window opens,
+//! before it closes and before a replay. Pinning, copies and identities act on B's
+//! tensors behind the fusion handles, resolved through a clone so that fusion sees a
+//! read-only use and keeps the handle.
+//!
+//! Steps must run on one thread: fusion keeps one queue per thread, and only the caller's
+//! queue is drained.
+
+use burn_backend::TensorMetadata;
+use burn_backend::tensor::FloatTensor;
+use burn_fusion::{Fusion, FusionBackend, FusionTensor, NoOp, client::GlobalFusionClient};
+use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
+
+use crate::backend::{BufferId, GraphBackend, GraphError};
+
+/// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.
+#[cfg(feature = "cuda")]
+pub type CudaFused = Fusion<super::CudaCube>;
+
+/// Launches everything the calling thread queued on `device`'s fusion stream.
+fn drain<B: FusionBackend>(device: &B::Device) {
+    GlobalFusionClient::<B::FusionRuntime>::load(device).sync(|| ());
+}
+
+/// B's tensor behind `tensor`, with `tensor` still owning it.
+fn resolve<B: FusionBackend>(tensor: &FusionTensor<B::FusionRuntime>) -> FloatTensor<B> {
+    tensor.client.resolve_tensor_float::<B>(tensor.clone())
+}
+
+/// Wraps B's tensor in a fusion tensor, as `Fusion::float_from_data` does.
+fn register<B: FusionBackend>(
+    client: &GlobalFusionClient<B::FusionRuntime>,
+    tensor: FloatTensor<B>,
+) -> FusionTensor<B::FusionRuntime> {
+    let (shape, dtype) = (tensor.shape(), tensor.dtype());
+    let handle = B::float_tensor_handle(tensor);
+    let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    client
+        .register(
+            Default::default(),
+            OperationIr::Init(init),
+            NoOp::<B>::new(),
+        )
+        .output()
+}
+
+/// B's graph with the device it was captured on, whose fusion queue a replay drains.
+pub struct FusedGraph<B: GraphBackend> {
+    graph: B::Graph,
+    device: B::Device,
+}
+
+impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
+    type Graph = FusedGraph<B>;
+
+    fn supports_hardware_graphs(device: &Self::Device) -> bool {
+        B::supports_hardware_graphs(device)
+    }
+
+    fn capture_begin(device: &Self::Device) -> Result<(), GraphError> {
+        drain::<B>(device);
+        B::capture_begin(device)
+    }
+
+    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError> {
+        drain::<B>(device);
+        let graph = B::capture_end(device)?;
+        Ok(FusedGraph {
+            graph,
+            device: device.clone(),
+        })
+    }
+
+    fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
+        // Work queued before the replay (its inputs, reads of the last loss) runs first.
+        drain::<B>(&graph.device);
+        B::replay(&graph.graph)
+    }
+
+    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
+        let pinned = B::pin(resolve::<B>(&tensor))?;
+        Ok(register::<B>(&tensor.client, pinned))
+    }
+
+    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
+        if dst.shape != src.shape || dst.dtype != src.dtype {
+            return Err(GraphError::CopyMismatch(format!(
+                "dst {:?} {:?}, src {:?} {:?}",
+                dst.shape, dst.dtype, src.shape, src.dtype
+            )));
+        }
+        drain::<B>(dst.client.device());
+        B::copy_into(&resolve::<B>(dst), &resolve::<B>(src))
+    }
+
+    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
+        B::buffer_id(&resolve::<B>(tensor))
+    }
+}
