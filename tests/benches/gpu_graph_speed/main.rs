@@ -21,9 +21,8 @@ mod setup;
 mod stock;
 mod timing;
 
-use burn_graph_capture::CudaCube;
-use burn_graph_capture::CudaCube as CudaFused; // TEMP until CudaFused lands
 use burn_graph_capture::runtime::CudaGraphDevice;
+use burn_graph_capture::{CudaCube, CudaFused};
 use serde_json::{Value, json};
 
 use setup::{Size, Workload, parse_sizes};

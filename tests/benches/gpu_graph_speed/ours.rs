@@ -19,6 +19,9 @@ pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
 impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
 
 type Model<G> = LstmRegressor<TrainBackend<G>>;
+type Input<G> = Batch<TrainBackend<G>>;
+type LossFn<G> = fn(&Model<G>, &Input<G>) -> Tensor<TrainBackend<G>, 1>;
+type Trainer<G> = GraphTrainer<G, Model<G>, CapturableAdam<TrainBackend<G>>, Input<G>, LossFn<G>>;
 
 fn adam<G: Stack>(device: &CudaGraphDevice) -> CapturableAdam<TrainBackend<G>> {
     CapturableAdamConfig::new().init::<TrainBackend<G>>(device)
@@ -44,17 +47,11 @@ pub struct Graphed {
 /// captured step.
 fn captured_trainer<G: Stack>(
     work: &Workload,
-    batches: &[Batch<TrainBackend<G>>],
+    batches: &[Input<G>],
     device: &CudaGraphDevice,
-) -> GraphTrainer<
-    G,
-    Model<G>,
-    CapturableAdam<TrainBackend<G>>,
-    Batch<TrainBackend<G>>,
-    fn(&Model<G>, &Batch<TrainBackend<G>>) -> Tensor<TrainBackend<G>, 1>,
-> {
+) -> Trainer<G> {
     let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
-    let step: fn(&Model<G>, &Batch<TrainBackend<G>>) -> Tensor<TrainBackend<G>, 1> = loss;
+    let step: LossFn<G> = loss;
     let mut trainer = GraphTrainer::new(work.model(device), adam::<G>(device), step, config);
     for batch in batches.iter().cycle().take(WARMUP + 1) {
         read::<G>(trainer.step(batch.clone()).expect("step").loss);
