@@ -109,6 +109,10 @@ cubecl_save() {
 #   NCU_FLAGS      extra ncu flags, e.g. "--cache-control none" (by default ncu flushes the
 #                  caches before each kernel, as for DESIGN's 21.1 ms anchor)
 #   TORCH_TIMEOUT  seconds (default 400)
+#   SPEED_RESULTS  where each stage keeps its latest log for the table (/tmp/gpu-check-speed);
+#                  the table combines the latest speed, ncu and torch logs found there, so
+#                  `run speed` then `run ncu` then `run torch` on one warm machine make one
+#                  table. Remove it (or start a fresh machine) to drop older logs.
 # Expected wall time on the H200 with a warm autotune cache: speed ~1-2 min (~20 s of timed
 # steps per size for the three stacks, plus NVRTC compiles); cold, ~150 s per size and
 # stack, so run one SPEED_SIZES at a time. ncu: start-up and warmup as in speed, then ncu
@@ -117,6 +121,7 @@ cubecl_save() {
 speed_stages() {
     local what=$1
     local speed=0 ncu=0 torch=0
+    mkdir -p "$results"
     [[ $what == all || $what == bench || $what == perf || $what == speed ]] && speed=1
     [[ $what == all || $what == bench || $what == perf || $what == ncu ]] && ncu=1
     [[ $what == all || $what == bench || $what == perf || $what == torch ]] && torch=1
@@ -128,6 +133,7 @@ speed_stages() {
             "${SPEED_SIZES:-all}" "${SPEED_STACKS:-fused,stock,cube}") 2>&1 | tee "$out/speed.log"
         status[speed]=${PIPESTATUS[0]}
         seconds[speed]=$((SECONDS - start))
+        cp "$out/speed.log" "$results/"
         cubecl_save
     fi
     if ((ncu)); then
@@ -151,6 +157,7 @@ speed_stages() {
             done
         done
         seconds[ncu]=$((SECONDS - start))
+        cp "$out/ncu.log" "$results/"
         cubecl_save
     fi
     if ((torch)); then
@@ -158,13 +165,29 @@ speed_stages() {
         PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-400}" python3 "$here/torch_anchor.py" 2>&1 | tee "$out/torch.log"
         status[torch]=${PIPESTATUS[0]}
         seconds[torch]=$((SECONDS - start))
+        cp "$out/torch.log" "$results/"
     fi
+}
+
+# The issue's table from the latest speed, ncu and torch logs of this machine (each stage
+# leaves a copy in $results, so stages run by separate commands on one warm machine still
+# meet in one table; the sources line says when each log was written).
+speed_summary() {
+    local logs=("$results/speed.log" "$results/ncu.log" "$results/torch.log") log
+    [ -f "${logs[0]}" ] || [ -f "${logs[1]}" ] || [ -f "${logs[2]}" ] || return 0
+    echo
+    for log in "${logs[@]}"; do
+        [ -f "$log" ] && echo "source: $(basename "$log") written $(date -u -r "$log" +%H:%M:%SZ)"
+    done
+    echo
+    python3 "$here/speed_summary.py" "${logs[@]}" | tee "$out/speed-summary.md"
 }
 
 run() {
     local what=${1:-all}
     local dir=$here
     local out=${OUT:-$dir/out}
+    local results=${SPEED_RESULTS:-/tmp/gpu-check-speed}
     mkdir -p "$out"
     export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
     export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
@@ -237,11 +260,7 @@ run() {
     echo "|---|---|"
     for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
     for k in "${!seconds[@]}"; do echo "stage $k: ${seconds[$k]} s"; done
-    if [ -f "$out/speed.log" ] || [ -f "$out/ncu.log" ] || [ -f "$out/torch.log" ]; then
-        echo
-        python3 "$dir/speed_summary.py" "$out/speed.log" "$out/ncu.log" "$out/torch.log" \
-            | tee "$out/speed-summary.md"
-    fi
+    speed_summary
 }
 
 case $mode in
