@@ -7,7 +7,14 @@
 #       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
-#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, memcheck, bench.
+#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, ncu, torch,
+#       perf (= speed + ncu + torch), memcheck, bench (= perf + the eager runtime bench).
+#
+# Issue 5 speed stages (see the comment above `speed_stages` for their environment):
+#   speed  tests/benches/gpu_graph_speed: graphed/eager/stock ms per step, capture cost, memory;
+#   ncu    one profiled step per target and size: kernel count and summed GPU kernel time;
+#   torch  bench/anchors/torch_anchor.py (PyTorch's anchors in the same run).
+# With any of them, speed_summary.py prints the issue's table last (also $OUT/speed-summary.md).
 #
 # Results land in $OUT when it is set (the device tool fetches it), else in .gpu/out.
 set -uo pipefail
@@ -52,13 +59,135 @@ pack() {
         xz -T2 -6 -f "$dest/$name"
     done
     cp "$here/gpu-check.sh" "$dest/gpu-check.sh"
+    cp "$here/ncu_sum.py" "$here/speed_summary.py" "$here/../bench/anchors/torch_anchor.py" "$dest/"
     ls -la "$dest"
+}
+
+# cubecl 0.10 reads its settings from the first cubecl.toml (or burn.toml, section [cubecl])
+# found walking up from the working directory; stock cubecl-cuda and this crate's runtime
+# share that one global config. No environment variable sets the cache locations (the
+# only CUBECL_* variables are CUBECL_AUTOTUNE_LEVEL, CUBECL_DEBUG_LOG, CUBECL_DEBUG_OPTION),
+# so the speed stages run from a directory holding their own cubecl.toml that puts:
+# - [autotune] cache: the autotune results (cubecl's default is ./target of the nearest
+#   Cargo.toml). Both stacks look every matmul (and fused-kernel) choice up here first;
+#   a hit skips compiling and benchmarking the candidates, which is most of the ~150 s a
+#   cold configuration costs per stack. The same kernels are chosen as when tuned afresh.
+# - [compilation] cache: stock cubecl-cuda's PTX cache. Only stock burn-cuda reads it (this
+#   crate's runtime compiles with NVRTC on each start), so it shortens the stock half of a
+#   cold start only; no reported number includes compile time (all are after warmup).
+# The cache is restored from $here/cubecl-cache.tar.gz (copy it into the carried .gpu/
+# folder from a previous run's $OUT) and saved to $OUT/cubecl-cache.tar.gz after each stage.
+# CUBECL_AUTOTUNE_LEVEL=minimal (cubecl's default is balanced) would tune fewer candidates,
+# for both stacks alike, but may pick other (slower) matmuls than DESIGN's anchors did:
+# leave it unset for reported numbers.
+cubecl_setup() {
+    cubecl_dir=${CUBECL_DIR:-/tmp/gpu-check-cubecl}
+    mkdir -p "$cubecl_dir/cache"
+    if [ -z "$(ls -A "$cubecl_dir/cache")" ] && [ -f "$here/cubecl-cache.tar.gz" ]; then
+        tar -xzf "$here/cubecl-cache.tar.gz" -C "$cubecl_dir/cache" && echo "cubecl cache restored"
+    fi
+    cat >"$cubecl_dir/cubecl.toml" <<EOF
+[autotune]
+cache = { file = "$cubecl_dir/cache/autotune" }
+
+[compilation]
+cache = { file = "$cubecl_dir/cache/ptx" }
+EOF
+}
+
+cubecl_save() {
+    tar -czf "$out/cubecl-cache.tar.gz" -C "$cubecl_dir/cache" . 2>/dev/null || true
+}
+
+# Issue 5's speed stages, in one run so that every ratio comes from one machine and hour.
+#   SPEED_SIZES    all (default) or b/t/h,b/t/h     SPEED_STACKS  fused,stock,cube (default)
+#   SPEED_TIMEOUT  seconds (default 540)
+#   NCU_TARGETS    fused (default); also stock, cube (the eager step after warmup), and
+#                  fused-replay, cube-replay (one graph replay; ncu profiles graph kernel
+#                  nodes one by one), space-separated
+#   NCU_SIZES      32/64/256 (default), space-separated   NCU_TIMEOUT  seconds per profile (300)
+#   NCU_FLAGS      extra ncu flags, e.g. "--cache-control none" (by default ncu flushes the
+#                  caches before each kernel, as for DESIGN's 21.1 ms anchor)
+#   TORCH_TIMEOUT  seconds (default 400)
+#   SPEED_RESULTS  where each stage keeps its latest log for the table (/tmp/gpu-check-speed);
+#                  the table combines the latest speed, ncu and torch logs found there, so
+#                  `run speed` then `run ncu` then `run torch` on one warm machine make one
+#                  table. Remove it (or start a fresh machine) to drop older logs.
+# Expected wall time on the H200 with a warm autotune cache: speed ~1-2 min (~20 s of timed
+# steps per size for the three stacks, plus NVRTC compiles); cold, ~150 s per size and
+# stack, so run one SPEED_SIZES at a time. ncu: start-up and warmup as in speed, then ncu
+# replays each of ~3,700 kernels (estimated 10-30 ms each: ~40-110 s per target and size;
+# the stage prints the measured wall time per profile). torch: ~1-2 min.
+speed_stages() {
+    local what=$1
+    local speed=0 ncu=0 torch=0
+    mkdir -p "$results"
+    [[ $what == all || $what == bench || $what == perf || $what == speed ]] && speed=1
+    [[ $what == all || $what == bench || $what == perf || $what == ncu ]] && ncu=1
+    [[ $what == all || $what == bench || $what == perf || $what == torch ]] && torch=1
+    if ((speed || ncu)); then cubecl_setup; fi
+    local start
+    if ((speed)); then
+        start=$SECONDS
+        (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" \
+            "${SPEED_SIZES:-all}" "${SPEED_STACKS:-fused,stock,cube}") 2>&1 | tee "$out/speed.log"
+        status[speed]=${PIPESTATUS[0]}
+        seconds[speed]=$((SECONDS - start))
+        cp "$out/speed.log" "$results/"
+        cubecl_save
+    fi
+    if ((ncu)); then
+        start=$SECONDS
+        : >"$out/ncu.log"
+        status[ncu]=0
+        local target size csv t0 rc
+        for target in ${NCU_TARGETS:-fused}; do
+            for size in ${NCU_SIZES:-32/64/256}; do
+                csv=/tmp/gpu-check-ncu-$target-${size//\//-}.csv
+                t0=$SECONDS
+                # shellcheck disable=SC2086 # NCU_FLAGS is a list of flags
+                (cd "$cubecl_dir" && timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off \
+                    --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+                    ${NCU_FLAGS:-} --log-file "$csv" "$bin/gpu_graph_speed" profile "$target" "$size") \
+                    >>"$out/ncu.log" 2>&1
+                rc=$?
+                ((rc)) && status[ncu]=$rc
+                grep -E "^==(ERROR|WARNING)==" "$csv" | head -5 | tee -a "$out/ncu.log"
+                python3 "$here/ncu_sum.py" "$csv" "$target" "$size" $((SECONDS - t0)) | tee -a "$out/ncu.log"
+            done
+        done
+        seconds[ncu]=$((SECONDS - start))
+        cp "$out/ncu.log" "$results/"
+        cubecl_save
+    fi
+    if ((torch)); then
+        start=$SECONDS
+        PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-400}" python3 "$here/torch_anchor.py" 2>&1 | tee "$out/torch.log"
+        status[torch]=${PIPESTATUS[0]}
+        seconds[torch]=$((SECONDS - start))
+        cp "$out/torch.log" "$results/"
+    fi
+}
+
+# The issue's table from the latest speed, ncu and torch logs of this machine (each stage
+# leaves a copy in $results, so stages run by separate commands on one warm machine still
+# meet in one table; the sources line says when each log was written).
+speed_summary() {
+    local logs=("$results/speed.log" "$results/ncu.log" "$results/torch.log") log
+    [ -f "${logs[0]}" ] || [ -f "${logs[1]}" ] || [ -f "${logs[2]}" ] || return 0
+    echo
+    for log in "${logs[@]}"; do
+        [ -f "$log" ] && echo "source: $(basename "$log") written $(date -u -r "$log" +%H:%M:%SZ)"
+    done
+    echo
+    python3 "$here/speed_summary.py" "${logs[@]}" | tee "$out/speed-summary.md"
 }
 
 run() {
     local what=${1:-all}
     local dir=$here
     local out=${OUT:-$dir/out}
+    local results=${SPEED_RESULTS:-/tmp/gpu-check-speed}
     mkdir -p "$out"
     export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
     export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
@@ -76,7 +205,7 @@ run() {
     nvcc --version | tail -1 | tee -a "$out/machine.txt"
     date -u | tee -a "$out/machine.txt"
 
-    declare -A status
+    declare -A status seconds
     # Cold runs are slow: every kernel is NVRTC-compiled and every matmul shape autotuned,
     # for both runtimes (about 150 s per LSTM configuration on the H200, 2026-11-30). The
     # autotune results persist under ./target, so later stages (the bench) start warm.
@@ -100,11 +229,7 @@ run() {
         timeout "${TRAINER_TIMEOUT:-540}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
         status[trainer]=${PIPESTATUS[0]}
     fi
-    if [[ $what == all || $what == bench || $what == speed ]]; then
-        # Graphed vs eager LSTM step on this runtime ("all" sizes unless SPEED_SIZES is set).
-        timeout "${SPEED_TIMEOUT:-400}" "$bin/gpu_graph_speed" "${SPEED_SIZES:-all}" 2>&1 | tee "$out/speed.log"
-        status[speed]=${PIPESTATUS[0]}
-    fi
+    speed_stages "$what"
     if [[ $what == all || $what == bench ]]; then
         timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
         status[bench]=${PIPESTATUS[0]}
@@ -141,10 +266,12 @@ run() {
     echo "| check | exit status |"
     echo "|---|---|"
     for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
+    for k in "${!seconds[@]}"; do echo "stage $k: ${seconds[$k]} s"; done
+    speed_summary
 }
 
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|memcheck|bench]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|bench]"; exit 2 ;;
 esac

@@ -111,6 +111,18 @@ pub struct CapturedGraph {
 // requires only that calls on one graph are not concurrent, which that thread guarantees.
 unsafe impl Send for CapturedGraph {}
 
+impl CapturedGraph {
+    /// What the graph recorded and retains (read-only; the bench reports it).
+    pub fn info(&self) -> GraphInfo {
+        GraphInfo {
+            launches: self.launches,
+            retained_buffers: self.retention.buffer_count(),
+            retained_device_bytes: self.retention.device_bytes(),
+            retained_staging_bytes: self.retention.staging_bytes(),
+        }
+    }
+}
+
 impl core::fmt::Debug for CapturedGraph {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CapturedGraph")

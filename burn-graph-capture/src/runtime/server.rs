@@ -809,6 +809,11 @@ impl CudaGraphServer {
             .sum()
     }
 
+    /// What each live graph recorded and retains, for reports (read-only).
+    pub fn graph_infos(&self) -> Vec<GraphInfo> {
+        self.graphs.values().map(CapturedGraph::info).collect()
+    }
+
     /// Allocates `size` bytes in the arena. The handle's address is fixed until every
     /// handle to it is dropped. Not inside a window (that would be an allocation).
     pub fn arena_alloc(&mut self, size: u64) -> Result<Handle, CaptureError> {

@@ -1,0 +1,168 @@
+//! GPU benchmark of one LSTM training step (issue 5: "Speed" and "Capture cost"): the stock
+//! `nn::Lstm` + `Linear` model of lstm-example, MSE loss, Adam, on
+//! - `fused`: `CudaFused` (this crate's runtime with Burn's fusion), graphed through
+//!   `GraphTrainer` and eager with the same capturable Adam;
+//! - `stock`: `Autodiff<burn_cuda::Cuda>` with Burn's own Adam, eager;
+//! - `cube`: `CudaCube` (no fusion), graphed.
+//!
+//! Built by `scripts/gpu-check.sh pack`; run by its `speed` and `ncu` stages.
+//! - `gpu_graph_speed [SIZES] [STACKS]`: SIZES is `all` (default) or `b/t/h,b/t/h`;
+//!   STACKS a comma list of the stacks above (default all). Prints one JSON line per
+//!   measurement as soon as it is taken (`{"bench":"speed",..}`), then a table.
+//! - `gpu_graph_speed profile TARGET b/t/h`: runs one step between `cuProfilerStart` and
+//!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock` or `cube`
+//!   profiles the eager step after the trainer's warmup count of eager steps (the step a
+//!   graph captures); `fused-replay` or `cube-replay` profiles one replay of the graph.
+
+mod memory;
+mod ours;
+mod profile;
+mod setup;
+mod stock;
+mod timing;
+
+use burn_graph_capture::runtime::CudaGraphDevice;
+use burn_graph_capture::{CudaCube, CudaFused};
+use serde_json::{Value, json};
+
+use setup::{Size, Workload, parse_sizes};
+use timing::Timing;
+
+fn timing_json(t: &Timing) -> Value {
+    json!({
+        "per_step_ms": t.per_step_ms,
+        "pipelined_ms": t.pipelined_ms,
+        "min_step_ms": t.min_step_ms,
+    })
+}
+
+/// Prints one measurement as a JSON line, with the row's size and stack.
+fn emit(size: Size, stack: &str, mode: &str, timing: &Timing, extra: Value) {
+    let mut line =
+        json!({"bench": "speed", "size": size.to_string(), "stack": stack, "mode": mode});
+    let fields = line.as_object_mut().expect("object");
+    fields.extend(timing_json(timing).as_object().expect("object").clone());
+    fields.extend(extra.as_object().expect("object").clone());
+    println!("{line}");
+}
+
+fn graphed_json(run: &ours::Graphed) -> Value {
+    let graph = run.graphs.first();
+    json!({
+        "capture_ms": run.report.capture_ms,
+        "pinned_bytes": run.report.pinned_bytes,
+        "arena_reserved_bytes": run.arena_reserved,
+        "graphs_alive": run.graphs.len(),
+        "graph_launches": graph.map(|g| g.launches),
+        "retained_bytes": run.graphs.iter().map(|g| g.retained_device_bytes).sum::<u64>(),
+        "retained_buffers": graph.map(|g| g.retained_buffers),
+        "retained_staging_bytes": graph.map(|g| g.retained_staging_bytes),
+        "modes": serde_json::to_value(&run.report.modes).expect("modes"),
+        "timed_not_replayed": run.not_replayed,
+        "last_fallback": run.report.last_fallback,
+    })
+}
+
+/// One row of the closing table.
+struct Row {
+    size: Size,
+    stack: &'static str,
+    mode: &'static str,
+    timing: Timing,
+}
+
+fn speed(sizes: &[Size], stacks: &[String]) {
+    let device = CudaGraphDevice::new(0);
+    let wants = |s: &str| stacks.iter().any(|x| x == s);
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let work = Workload::new(size);
+        if wants("fused") {
+            let run = ours::graphed::<CudaFused>(&work, &device);
+            emit(size, "fused", "graphed", &run.timing, graphed_json(&run));
+            rows.push(Row {
+                size,
+                stack: "fused",
+                mode: "graphed",
+                timing: run.timing,
+            });
+            let (timing, pools) = ours::eager::<CudaFused>(&work, &device);
+            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+            emit(size, "fused", "eager", &timing, extra);
+            rows.push(Row {
+                size,
+                stack: "fused",
+                mode: "eager",
+                timing,
+            });
+        }
+        if wants("cube") {
+            let run = ours::graphed::<CudaCube>(&work, &device);
+            emit(size, "cube", "graphed", &run.timing, graphed_json(&run));
+            rows.push(Row {
+                size,
+                stack: "cube",
+                mode: "graphed",
+                timing: run.timing,
+            });
+        }
+        if wants("stock") {
+            let (timing, pools) = stock::eager(&work);
+            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+            emit(size, "stock", "eager", &timing, extra);
+            rows.push(Row {
+                size,
+                stack: "stock",
+                mode: "eager",
+                timing,
+            });
+        }
+    }
+    println!();
+    println!(
+        "| b/t/h | stack | mode | per-step ms (host read each) | pipelined ms (N, one read) | min ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            r.size,
+            r.stack,
+            r.mode,
+            r.timing.per_step_ms,
+            r.timing.pipelined_ms,
+            r.timing.min_step_ms
+        );
+    }
+}
+
+fn profile(target: &str, size: Size) {
+    let device = CudaGraphDevice::new(0);
+    let work = Workload::new(size);
+    let wall_ms = match target {
+        "fused" => ours::profile_eager::<CudaFused>(&work, &device),
+        "fused-replay" => ours::profile_replay::<CudaFused>(&work, &device),
+        "cube" => ours::profile_eager::<CudaCube>(&work, &device),
+        "cube-replay" => ours::profile_replay::<CudaCube>(&work, &device),
+        "stock" => stock::profile(&work),
+        other => panic!("unknown profile target {other:?}"),
+    };
+    println!(
+        "{}",
+        json!({"bench": "profile", "target": target, "size": size.to_string(), "wall_ms": wall_ms})
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args[..] {
+        ["profile", target, size] => profile(target, size.parse().expect("size")),
+        _ => {
+            let sizes = parse_sizes(args.first().copied().unwrap_or("all")).expect("sizes");
+            let stacks = args.get(1).copied().unwrap_or("fused,stock,cube");
+            let stacks: Vec<String> = stacks.split(',').map(str::to_string).collect();
+            speed(&sizes, &stacks);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! This crate's step on its own runtime, graphed through `GraphTrainer` and eager with
+//! the same capturable Adam, generic over the stack (`CudaFused` or `CudaCube`).
+
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
+use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
+use burn_graph_capture::{
+    GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
+};
+use lstm_example::{Batch, LstmRegressor};
+
+use crate::memory::{self, PoolDelta};
+use crate::setup::{WARMUP, Workload, loss};
+use crate::timing::{self, Timing};
+
+/// A stack of this crate's runtime that `GraphTrainer` can capture.
+pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
+impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
+
+type Model<G> = LstmRegressor<TrainBackend<G>>;
+type Input<G> = Batch<TrainBackend<G>>;
+type LossFn<G> = fn(&Model<G>, &Input<G>) -> Tensor<TrainBackend<G>, 1>;
+type Trainer<G> = GraphTrainer<G, Model<G>, CapturableAdam<TrainBackend<G>>, Input<G>, LossFn<G>>;
+
+fn adam<G: Stack>(device: &CudaGraphDevice) -> CapturableAdam<TrainBackend<G>> {
+    CapturableAdamConfig::new().init::<TrainBackend<G>>(device)
+}
+
+fn read<G: Stack>(loss: Tensor<TrainBackend<G>, 1>) {
+    let _ = loss.into_scalar();
+}
+
+/// What a graphed run measured.
+pub struct Graphed {
+    pub timing: Timing,
+    pub report: TrainerReport,
+    /// Timed steps that were not replays (should be 0).
+    pub not_replayed: usize,
+    /// The live graphs after the run (the trainer's one graph), read from the server.
+    pub graphs: Vec<GraphInfo>,
+    /// Bytes the arena reserves (pinned tensors plus page rounding).
+    pub arena_reserved: u64,
+}
+
+/// The trainer of `work` on `G`, warmed up and captured: `WARMUP` eager steps, one
+/// captured step.
+fn captured_trainer<G: Stack>(
+    work: &Workload,
+    batches: &[Input<G>],
+    device: &CudaGraphDevice,
+) -> Trainer<G> {
+    let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
+    let step: LossFn<G> = loss;
+    let mut trainer = GraphTrainer::new(work.model(device), adam::<G>(device), step, config);
+    for batch in batches.iter().cycle().take(WARMUP + 1) {
+        read::<G>(trainer.step(batch.clone()).expect("step").loss);
+    }
+    trainer
+}
+
+/// Times replays of `work`'s step on `G` (the trainer is dropped at the end).
+pub fn graphed<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
+    let batches = work.batches::<TrainBackend<G>>(device);
+    let mut trainer = captured_trainer::<G>(work, &batches, device);
+    let mut next = batches.iter().cycle();
+    let mut not_replayed = 0;
+    let timing = timing::time(
+        timing::GRAPHED,
+        || {
+            let outcome = trainer.step(next.next().unwrap().clone()).expect("step");
+            if outcome.mode != StepMode::Replayed {
+                not_replayed += 1;
+            }
+            outcome.loss
+        },
+        read::<G>,
+    );
+    let report = trainer.report();
+    let (graphs, arena_reserved) = with_server(device, |server| {
+        (server.graph_infos(), server.arena_usage().bytes_reserved)
+    })
+    .expect("server");
+    Graphed {
+        timing,
+        report,
+        not_replayed,
+        graphs,
+        arena_reserved,
+    }
+}
+
+/// Profiles one replay: the graph's own kernels (ncu profiles graph kernel nodes one by
+/// one by default).
+pub fn profile_replay<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> f64 {
+    let batches = work.batches::<TrainBackend<G>>(device);
+    let mut trainer = captured_trainer::<G>(work, &batches, device);
+    let batch = batches[0].clone();
+    crate::profile::range(
+        || TrainBackend::<G>::sync(device).expect("sync"),
+        || {
+            let outcome = trainer.step(batch).expect("step");
+            assert_eq!(
+                outcome.mode,
+                StepMode::Replayed,
+                "the profiled step replays"
+            );
+        },
+    )
+}
+
+/// An eager loop of `work`'s step on `G` with the capturable Adam, outside any trainer.
+struct Eager<G: Stack> {
+    model: Option<Model<G>>,
+    optimizer: CapturableAdam<TrainBackend<G>>,
+    batches: Vec<Batch<TrainBackend<G>>>,
+    next: usize,
+}
+
+impl<G: Stack> Eager<G> {
+    fn new(
+        work: &Workload,
+        batches: Vec<Batch<TrainBackend<G>>>,
+        device: &CudaGraphDevice,
+    ) -> Self {
+        let model = work.model(device);
+        let mut optimizer = adam::<G>(device);
+        optimizer.init_state(&model);
+        Self {
+            model: Some(model),
+            optimizer,
+            batches,
+            next: 0,
+        }
+    }
+
+    fn step(&mut self) -> Tensor<TrainBackend<G>, 1> {
+        let model = self.model.take().expect("model");
+        let batch = &self.batches[self.next % self.batches.len()];
+        self.next += 1;
+        let l = loss(&model, batch);
+        let grads = GradientsParams::from_grads(l.backward(), &model);
+        self.model = Some(self.optimizer.step(model, grads));
+        l
+    }
+
+    fn warm_up(&mut self) {
+        for _ in 0..WARMUP {
+            read::<G>(self.step());
+        }
+    }
+}
+
+/// Times eager steps of `work` on `G`, and the pools' growth from before the model exists
+/// to after the steps (run it after the graphed run, so that warmup's autotuning is not
+/// counted as step memory; the batches exist before, as the graphed run's do).
+pub fn eager<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> (Timing, PoolDelta) {
+    let batches = work.batches(device);
+    let sync = || TrainBackend::<G>::sync(device).expect("sync");
+    let before = memory::ours_after_cleanup::<G>(sync, device);
+    let mut run = Eager::<G>::new(work, batches, device);
+    run.warm_up();
+    let timing = timing::time(timing::EAGER, || run.step(), read::<G>);
+    sync();
+    let after = memory::ours(device);
+    (timing, PoolDelta::between(before, after))
+}
+
+/// Profiles the eager step after `WARMUP` eager steps: the step a graph captures.
+pub fn profile_eager<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> f64 {
+    let mut run = Eager::<G>::new(work, work.batches(device), device);
+    run.warm_up();
+    let sync = || TrainBackend::<G>::sync(device).expect("sync");
+    let mut loss = None;
+    let wall = crate::profile::range(sync, || loss = Some(run.step()));
+    read::<G>(loss.expect("loss"));
+    wall
+}

@@ -1,0 +1,112 @@
+//! What every stack trains on: the DESIGN sizes, one set of initial weights and one data
+//! stream per size, so that all columns of a row measure the same step.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::backend::Flex;
+use burn::prelude::*;
+use lstm_example::train::{from_bytes, to_bytes};
+use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+
+/// Eager steps before anything is timed or profiled: the trainer's default warmup, so an
+/// eager step profiled after them is the step a graph would have captured.
+pub const WARMUP: usize = 3;
+
+/// Distinct batches a run cycles through (inputs change every step, as in training).
+const BATCHES: usize = 8;
+
+/// Batch, sequence length and hidden size of one configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+}
+
+/// The configurations of DESIGN's measured anchors.
+pub const ALL: [Size; 3] = [
+    Size {
+        b: 32,
+        t: 64,
+        h: 256,
+    },
+    Size {
+        b: 8,
+        t: 64,
+        h: 128,
+    },
+    Size {
+        b: 128,
+        t: 32,
+        h: 512,
+    },
+];
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.b, self.t, self.h)
+    }
+}
+
+impl FromStr for Size {
+    type Err = String;
+
+    /// Parses `b/t/h`, e.g. `32/64/256`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<usize> = s
+            .split('/')
+            .map(|p| p.trim().parse().map_err(|_| format!("bad size {s:?}")))
+            .collect::<Result<_, _>>()?;
+        match parts[..] {
+            [b, t, h] => Ok(Size { b, t, h }),
+            _ => Err(format!("size {s:?} is not b/t/h")),
+        }
+    }
+}
+
+/// Parses `all` or a comma-separated list of `b/t/h`.
+pub fn parse_sizes(arg: &str) -> Result<Vec<Size>, String> {
+    if arg == "all" {
+        return Ok(ALL.to_vec());
+    }
+    arg.split(',').map(str::parse).collect()
+}
+
+/// The model and data of one configuration, to be built on any backend.
+pub struct Workload {
+    pub size: Size,
+    config: LstmRegressorConfig,
+    weights: Vec<u8>,
+}
+
+impl Workload {
+    /// Fresh weights (drawn once, on the CPU) for `size`.
+    pub fn new(size: Size) -> Self {
+        let config = LstmRegressorConfig::new(size.h);
+        let weights = to_bytes(config.init::<Flex>(&Default::default()));
+        Self {
+            size,
+            config,
+            weights,
+        }
+    }
+
+    /// The model with this workload's weights on `B`.
+    pub fn model<B: Backend>(&self, device: &B::Device) -> LstmRegressor<B> {
+        from_bytes::<B>(&self.config, self.weights.clone(), device)
+    }
+
+    /// The batches every stack cycles through, on `B`.
+    pub fn batches<B: Backend>(&self, device: &B::Device) -> Vec<Batch<B>> {
+        let mut task = SineTask::new(1, self.config.d_input);
+        (0..BATCHES)
+            .map(|_| task.next_batch(self.size.b, self.size.t, device))
+            .collect()
+    }
+}
+
+/// The step's loss: MSE of the stock `nn::Lstm` + `Linear` model.
+pub fn loss<B: Backend>(model: &LstmRegressor<B>, batch: &Batch<B>) -> Tensor<B, 1> {
+    model.loss(batch.x.clone(), batch.y.clone())
+}
