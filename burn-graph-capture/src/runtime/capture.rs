@@ -60,9 +60,10 @@ impl Retention {
         self.staging.push(bytes);
     }
 
-    /// Device bytes retained (by distinct address; views of one slice count once each).
+    /// Device bytes retained: the union of the retained ranges, so that views into one
+    /// slice (a time step of a sequence, say) are counted once.
     pub fn device_bytes(&self) -> u64 {
-        self.bindings.values().map(|(_, size)| *size).sum()
+        union_bytes(self.bindings.iter().map(|(ptr, (_, size))| (*ptr, *size)))
     }
 
     /// Host staging bytes retained.
@@ -74,6 +75,22 @@ impl Retention {
     pub fn buffer_count(&self) -> usize {
         self.bindings.len()
     }
+}
+
+/// Bytes covered by the union of `[start, start + len)` ranges.
+fn union_bytes(ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
+    let mut ranges: Vec<(u64, u64)> = ranges.map(|(start, len)| (start, start + len)).collect();
+    ranges.sort_unstable();
+    let mut total = 0;
+    let mut covered_to = 0;
+    for (start, end) in ranges {
+        let start = start.max(covered_to);
+        if end > start {
+            total += end - start;
+        }
+        covered_to = covered_to.max(end);
+    }
+    total
 }
 
 /// An open capture window.
@@ -208,5 +225,23 @@ impl Drop for CudaGraphHandle {
         // Queued behind this graph's replays; the server waits for them before freeing.
         DeviceHandle::<CudaGraphServer>::new(self.device.to_id())
             .submit(move |server| server.release_graph(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::union_bytes;
+
+    #[test]
+    fn overlapping_views_count_once() {
+        // A slice of 100 bytes and two views into it; a separate slice of 10.
+        let ranges = [(1000, 100), (1040, 60), (1000, 20), (2000, 10)];
+        assert_eq!(union_bytes(ranges.into_iter()), 110);
+    }
+
+    #[test]
+    fn adjacent_and_disjoint_ranges_add_up() {
+        let ranges = [(0, 8), (8, 8), (32, 4)];
+        assert_eq!(union_bytes(ranges.into_iter()), 20);
     }
 }
