@@ -153,12 +153,20 @@ where
     }
 
     /// The model, for evaluation.
+    ///
+    /// Once the trainer has pinned (on GPUs, at the first capture), the model's
+    /// parameters are the pinned buffers, and every later step overwrites them in place,
+    /// as a replayed graph must. A clone of this model shares those buffers, so it is not
+    /// a snapshot: to keep the current weights, save them (`into_record`, or read them to
+    /// the host) before the next step. A clone handed to another trainer is detected as a
+    /// shared buffer, and both trainers then run eagerly.
     pub fn model(&self) -> Option<&M> {
         self.model.as_ref()
     }
 
     /// Takes the model out (to save it, say). Steps fail with
-    /// [`StepError::ModelTakenOut`] until it is put back.
+    /// [`StepError::ModelTakenOut`] until it is put back. While it is out no step runs,
+    /// so its values stay as they are.
     pub fn take_model(&mut self) -> Option<M> {
         self.model.take()
     }
