@@ -8,7 +8,9 @@
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
 #       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, ncu, torch,
-#       perf (= speed + ncu + torch), memcheck, bench (= perf + the eager runtime bench).
+#       perf (= speed + ncu + torch), memcheck, bench (= perf + the eager runtime bench),
+#       conformance (CubeCL's own suites, from the separate workspace conformance/),
+#       precision (matmul/sum of both stacks against an f64 reference).
 #
 # Issue 5 speed stages (see the comment above `speed_stages` for their environment):
 #   speed  tests/benches/gpu_graph_speed: graphed/eager/stock ms per step, capture cost, memory;
@@ -23,10 +25,10 @@ mode=${1:-run}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Builds one release test (or, with KIND=bench, benchmark) binary of PACKAGE and prints
-# its path.
+# its path. FEATURES defaults to cuda; an empty one passes none.
 test_binary() {
-    local package=$1 test=$2 kind=${3:-test}
-    cargo test --release --no-run --features cuda -p "$package" "--$kind" "$test" \
+    local package=$1 test=$2 kind=${3:-test} features=${4-cuda}
+    cargo test --release --no-run ${features:+--features "$features"} -p "$package" "--$kind" "$test" \
         --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -40,19 +42,25 @@ pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
     export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-    local runtime_bin capture_bin trainer_bin speed_bin
+    local runtime_bin capture_bin trainer_bin speed_bin precision_bin
     runtime_bin=$(test_binary burn-graph-capture gpu_runtime)
+    precision_bin=$(test_binary burn-graph-capture gpu_precision)
     capture_bin=$(test_binary burn-graph-capture gpu_capture)
     trainer_bin=$(test_binary integration-tests gpu_trainer)
     speed_bin=$(test_binary integration-tests gpu_graph_speed bench)
-    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin" "$speed_bin"; do
+    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin" "$speed_bin" "$precision_bin"; do
         [ -n "$bin" ] || { echo "build of a GPU test binary failed"; exit 1; }
     done
     cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
         || { echo "build of the bench failed"; exit 1; }
+    # CubeCL conformance suites: a workspace of its own (see conformance/Cargo.toml).
+    local conformance_bin
+    conformance_bin=$(cd "$here/../conformance" && test_binary gpu-conformance gpu_conformance test "")
+    [ -n "$conformance_bin" ] || { echo "build of gpu_conformance failed"; exit 1; }
     local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
     for pair in "$runtime_bin:gpu_runtime" "$capture_bin:gpu_capture" \
-        "$trainer_bin:gpu_trainer" "$speed_bin:gpu_graph_speed" "$bench_bin:runtime_eager_bench"; do
+        "$trainer_bin:gpu_trainer" "$speed_bin:gpu_graph_speed" "$bench_bin:runtime_eager_bench" \
+        "$conformance_bin:gpu_conformance" "$precision_bin:gpu_precision"; do
         local src=${pair%%:*} name=${pair##*:}
         cp "$src" "$dest/$name"
         strip "$dest/$name" 2>/dev/null || true
@@ -194,7 +202,7 @@ run() {
     export PATH=$CUDA_PATH/bin:$PATH
     local bin=/tmp/gpu-check-bin
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -231,8 +239,30 @@ run() {
     fi
     speed_stages "$what"
     if [[ $what == all || $what == bench ]]; then
-        timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-30}" 2>&1 | tee "$out/bench.log"
+        timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-60}" 2>&1 | tee "$out/bench.log"
         status[bench]=${PIPESTATUS[0]}
+    fi
+    if [[ $what == all || $what == precision ]]; then
+        # Matmul and sum/mean of both stacks against an f64 reference; every stack runs in a
+        # fresh child process with an empty autotune cache, stock twice (issue 3).
+        timeout "${PRECISION_TIMEOUT:-540}" "$bin/gpu_precision" --ignored --nocapture 2>&1 | tee "$out/precision.log"
+        status[precision]=${PIPESTATUS[0]}
+    fi
+    if [[ $what == all || $what == conformance ]]; then
+        # CubeCL's own suites (issue 3, check 0): one process per runtime, so a crash in one
+        # leaves the other's results; libtest's default parallelism, as cubecl runs them.
+        for rt in stock ours; do
+            timeout "${CONFORMANCE_TIMEOUT:-270}" "$bin/gpu_conformance" "$rt::" >"$out/conformance-$rt.log" 2>&1
+            status[conformance_$rt]=$?
+            grep -E "^test result" "$out/conformance-$rt.log"
+        done
+        conformance_table "$out" >"$out/conformance.md"
+        # The regression count, or a failure when stock ran nothing (nothing to compare).
+        if [ -s "$out/conformance-stock.ok" ]; then
+            status[conformance]=$(grep -c . "$out/conformance-regressions.txt")
+        else
+            status[conformance]="no stock test passed"
+        fi
     fi
     if [[ $what == all || $what == memcheck ]]; then
         # Last: under the sanitizer every kernel runs 10-100x slower, so only the small tests.
@@ -258,6 +288,8 @@ run() {
     for log in smoke tests capture trainer; do
         [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \(|graphed vs eager)" "$out/$log.log"
     done
+    [ -f "$out/conformance.md" ] && cat "$out/conformance.md"
+    [ -f "$out/precision.log" ] && grep -E "^\| |^test result" "$out/precision.log"
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
     [ -f "$out/memcheck-trainer.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-trainer.log"
@@ -270,8 +302,26 @@ run() {
     speed_summary
 }
 
+# Pass/fail counts of each runtime's conformance run, then the tests that pass on stock
+# cubecl-cuda but not on ours (failed, or never reached because the process died); those go
+# to conformance-regressions.txt too (the stage's status is their count).
+conformance_table() {
+    local out=$1 rt
+    echo "| conformance | passed | failed | ignored |"
+    echo "|---|---|---|---|"
+    for rt in stock ours; do
+        local log=$out/conformance-$rt.log
+        sed -nE "s/^test $rt::([^ ]+) \.\.\. ok$/\1/p" "$log" | sort >"$out/conformance-$rt.ok"
+        echo "| $rt | $(grep -cE "^test $rt::.* \.\.\. ok$" "$log") \
+| $(grep -cE "^test $rt::.* \.\.\. FAILED$" "$log") | $(grep -cE "^test $rt::.* \.\.\. ignored" "$log") |"
+    done
+    comm -23 "$out/conformance-stock.ok" "$out/conformance-ours.ok" >"$out/conformance-regressions.txt"
+    echo "pass on stock, not on ours: $(grep -c . "$out/conformance-regressions.txt")"
+    sed 's/^/  /' "$out/conformance-regressions.txt"
+}
+
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|bench]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|bench|conformance|precision]"; exit 2 ;;
 esac

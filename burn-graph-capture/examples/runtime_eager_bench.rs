@@ -1,11 +1,15 @@
 //! Eager LSTM step time and memory: `CudaGraphRuntime` against stock burn-cuda (issue 3).
 //!
-//! For each DESIGN configuration (b/t/h) it warms both stacks up, then times single steps
-//! (forward, backward, Adam, loss read back) alternately on this runtime and on stock
-//! burn-cuda, and reports medians and their ratio. It then runs 200 steps on this runtime
-//! and reports device memory in use at steps 50 and 200.
+//! For each DESIGN configuration (b/t/h) it warms both stacks up, then times steps (forward,
+//! backward, Adam, loss read back) in interleaved rounds: a few steps on one stack, then as
+//! many on the other, the first stack alternating between rounds. Single runs were noisy
+//! (ratio 0.975 to 1.263 over two runs, 2026-11-30), so it reports the median and IQR of
+//! each stack, the ratio of medians, and the median of per-round ratios, which cancels
+//! drift over the run. It then runs 200 steps on this runtime and reports device memory in
+//! use at steps 50 and 200.
 //!
-//! Run on a GPU machine: `runtime_eager_bench [steps]` (default 30 timed steps).
+//! Run on a GPU machine: `runtime_eager_bench [steps] [steps-per-round]` (defaults 60, 5;
+//! steps per stack).
 
 #[cfg(feature = "cuda")]
 #[path = "../tests/gpu_common/mod.rs"]
@@ -37,14 +41,18 @@ mod bench {
 
     const CONFIGS: [(usize, usize, usize); 3] = [(32, 64, 256), (8, 64, 128), (128, 32, 512)];
 
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
+    /// Linear-interpolated quantile `q` in [0, 1] of `v`.
+    fn quantile(v: &[f64], q: f64) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let pos = q * (v.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    }
+
+    /// Median and interquartile range.
+    fn median_iqr(v: &[f64]) -> (f64, f64) {
+        (quantile(v, 0.5), quantile(v, 0.75) - quantile(v, 0.25))
     }
 
     fn timed_step<B: AutodiffBackend>(p: &mut LstmProblem<B>) -> f64 {
@@ -55,12 +63,53 @@ mod bench {
         ms
     }
 
+    /// Step times of both stacks for one configuration, in interleaved rounds.
+    struct Timings {
+        ours: Vec<f64>,
+        stock: Vec<f64>,
+        /// Per round: mean step of ours / mean step of stock (cancels slow drift).
+        round_ratios: Vec<f64>,
+    }
+
+    /// Times `rounds` rounds of `per_round` steps on each stack. Rounds alternate which
+    /// stack goes first (AB, BA, AB, ...), so clock and thermal drift and any cost of
+    /// switching stacks fall on both equally.
+    fn interleaved<O: AutodiffBackend, S: AutodiffBackend>(
+        ours: &mut LstmProblem<O>,
+        stock: &mut LstmProblem<S>,
+        rounds: usize,
+        per_round: usize,
+    ) -> Timings {
+        let mut t = Timings {
+            ours: Vec::new(),
+            stock: Vec::new(),
+            round_ratios: Vec::new(),
+        };
+        for round in 0..rounds {
+            let (mut o, mut s) = (Vec::new(), Vec::new());
+            for first_ours in [round % 2 == 0, round % 2 != 0] {
+                for _ in 0..per_round {
+                    if first_ours {
+                        o.push(timed_step(ours));
+                    } else {
+                        s.push(timed_step(stock));
+                    }
+                }
+            }
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            t.round_ratios.push(mean(&o) / mean(&s));
+            t.ours.extend(o);
+            t.stock.extend(s);
+        }
+        t
+    }
+
     pub fn run() {
-        let steps: usize = std::env::args()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(30);
-        let warmup = 8;
+        let mut args = std::env::args().skip(1).map(|s| s.parse::<usize>().ok());
+        let steps = args.next().flatten().unwrap_or(60).max(4);
+        let per_round = args.next().flatten().unwrap_or(5).clamp(1, steps);
+        let rounds = steps.div_ceil(per_round);
+        let warmup = 10;
         type O = Autodiff<OursFused>;
         type S = Autodiff<StockFused>;
         let (od, sd) = (our_device(), stock_device());
@@ -70,27 +119,15 @@ mod bench {
             let (b, t, h) = config;
             let mut ours = LstmProblem::<O>::new(b, t, h, &od);
             let mut stock = LstmProblem::<S>::new(b, t, h, &sd);
-            for _ in 0..warmup {
-                timed_step(&mut ours);
-                timed_step(&mut stock);
-            }
-            let (mut to, mut ts) = (Vec::new(), Vec::new());
-            for _ in 0..steps {
-                to.push(timed_step(&mut ours));
-                ts.push(timed_step(&mut stock));
-            }
-            println!("  per-step ms ours:  {to:.1?}");
-            println!("  per-step ms stock: {ts:.1?}");
-            let (mo, ms) = (median(to.clone()), median(ts.clone()));
-            println!(
-                "config {b}/{t}/{h}: ours median {mo:.2} ms (min {:.2}), stock median {ms:.2} ms (min {:.2}), ratio {:.3}",
-                to.iter().cloned().fold(f64::MAX, f64::min),
-                ts.iter().cloned().fold(f64::MAX, f64::min),
-                mo / ms
-            );
-            rows.push((config, mo, ms));
+            // Warmup compiles and autotunes every kernel and grows the pools of both stacks.
+            interleaved(&mut ours, &mut stock, 2, warmup / 2);
+            let timings = interleaved(&mut ours, &mut stock, rounds, per_round);
+            println!("config {b}/{t}/{h}:");
+            println!("  per-step ms ours:  {:.1?}", timings.ours);
+            println!("  per-step ms stock: {:.1?}", timings.stock);
+            println!("  per-round ratios:  {:.3?}", timings.round_ratios);
+            rows.push((config, timings));
         }
-
         // Memory: 200 steps on this runtime at 32/64/256.
         let client = CudaGraphRuntime::client(&od);
         let mut problem = LstmProblem::<O>::new(32, 64, 256, &od);
@@ -106,11 +143,26 @@ mod bench {
 
         println!();
         println!(
-            "| b/t/h | ours eager ms (median, {steps} steps) | burn-cuda eager ms | ratio ours/stock |"
+            "{rounds} rounds of {per_round} steps per stack, interleaved (AB, BA, ...), after {warmup} warmup steps each; ms per step"
         );
-        println!("|---|---|---|---|");
-        for ((b, t, h), mo, ms) in &rows {
-            println!("| {b}/{t}/{h} | {mo:.2} | {ms:.2} | {:.3} |", mo / ms);
+        println!(
+            "| b/t/h | ours median | ours IQR | ours min | burn-cuda median | burn-cuda IQR | burn-cuda min | ratio of medians | round ratio median | round ratio IQR |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        let (mut worst, mut worst_round) = (0f64, 0f64);
+        for ((b, t, h), tm) in &rows {
+            let (mo, io) = median_iqr(&tm.ours);
+            let (ms, is) = median_iqr(&tm.stock);
+            let (mr, ir) = median_iqr(&tm.round_ratios);
+            let min = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min);
+            println!(
+                "| {b}/{t}/{h} | {mo:.2} | {io:.2} | {:.2} | {ms:.2} | {is:.2} | {:.2} | {:.3} | {mr:.3} | {ir:.3} |",
+                min(&tm.ours),
+                min(&tm.stock),
+                mo / ms
+            );
+            worst = worst.max(mo / ms);
+            worst_round = worst_round.max(mr);
         }
         println!();
         println!("| step (32/64/256) | bytes in use | bytes reserved |");
@@ -120,7 +172,7 @@ mod bench {
         }
         let flat = at[0].1 == at[1].1 && at[0].2 == at[1].2;
         println!("MEMORY_FLAT={flat}");
-        let worst = rows.iter().map(|(_, mo, ms)| mo / ms).fold(0f64, f64::max);
         println!("WORST_RATIO={worst:.3}");
+        println!("WORST_ROUND_RATIO={worst_round:.3}");
     }
 }

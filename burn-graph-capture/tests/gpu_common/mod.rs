@@ -21,12 +21,13 @@ use burn::{
     },
 };
 use burn_cubecl::CubeBackend;
-use burn_fusion::Fusion;
-use burn_graph_capture::runtime::{CudaGraphDevice, CudaGraphRuntime};
+use burn_graph_capture::runtime::CudaGraphDevice;
 
-/// This crate's runtime, without and with fusion.
-pub type Ours = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
-pub type OursFused = Fusion<Ours>;
+/// This crate's runtime, without and with fusion (`CudaFused` is
+/// `Fusion<CubeBackend<CudaGraphRuntime, f32, i32, u8>>`, the stack the op-parity and LSTM
+/// checks compare with the fused `burn_cuda::Cuda`).
+pub type Ours = burn_graph_capture::CudaCube;
+pub type OursFused = burn_graph_capture::CudaFused;
 /// Stock cubecl-cuda, without and with fusion (`burn_cuda::Cuda` is the fused one).
 pub type Stock = CubeBackend<cubecl_cuda::CudaRuntime, f32, i32, u8>;
 pub type StockFused = burn_cuda::Cuda<f32, i32>;

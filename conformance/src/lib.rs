@@ -1,0 +1,1 @@
+//! Empty: this package holds only the `gpu_conformance` test target.
