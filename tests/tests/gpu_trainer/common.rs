@@ -95,6 +95,25 @@ pub fn loss<G: Stack>(model: &Model<G>, batch: &Batch<G>) -> Tensor<TrainBackend
     model.loss(batch.x.clone(), batch.y.clone())
 }
 
+/// A trainer with `adam` and the default configuration, the setup most guards share.
+pub type AdamTrainer<G> = GraphTrainer<
+    G,
+    Model<G>,
+    CapturableAdam<TrainBackend<G>>,
+    Batch<G>,
+    fn(&Model<G>, &Batch<G>) -> Tensor<TrainBackend<G>, 1>,
+>;
+
+/// A default-configured `adam` trainer of the model in `bytes`.
+pub fn adam_trainer<G: Stack>(sizes: Sizes, bytes: &[u8]) -> AdamTrainer<G> {
+    GraphTrainer::new(
+        model::<G>(sizes, bytes),
+        adam::<G>(),
+        loss::<G>,
+        GraphTrainerConfig::new(),
+    )
+}
+
 pub fn adam<G: Stack>() -> CapturableAdam<TrainBackend<G>> {
     CapturableAdamConfig::new()
         .with_learning_rate(1e-2)

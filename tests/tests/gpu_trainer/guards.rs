@@ -10,8 +10,8 @@ use lstm_example::train::parameter_values;
 
 use crate::common::{
     Comparison, D_INPUT, Diff, Model, Plan, Run, SMALL, Stack, TOLERANCE, WARMUP, adam,
-    assert_warmup_capture_replay, batch, case, device, eager_churn, eager_run, graph_count,
-    graphed_run, loss, lr_at, model, model_bytes, nothing,
+    adam_trainer, assert_warmup_capture_replay, batch, case, device, eager_churn, eager_run,
+    graph_count, graphed_run, loss, lr_at, model, model_bytes, nothing,
 };
 
 const LR: f64 = 1e-2;
@@ -76,12 +76,7 @@ fn shared_parameter_runs_eagerly<G: Stack>() {
 fn a_trainer_made_from_a_graphed_trainers_model_keeps_its_values<G: Stack>() {
     let (graphed_steps, shared_steps) = (WARMUP + 1 + 3, 3);
     let bytes = model_bytes(SMALL);
-    let mut first = GraphTrainer::new(
-        model::<G>(SMALL, &bytes),
-        adam::<G>(),
-        loss,
-        GraphTrainerConfig::new(),
-    );
+    let mut first = adam_trainer::<G>(SMALL, &bytes);
     let mut task_a = SineTask::new(61, D_INPUT);
     let mut a_run = Run::default();
     let mut step_first = |trainer: &mut GraphTrainer<_, _, _, _, _>, run: &mut Run, step| {
@@ -180,12 +175,7 @@ fn dropping_a_trainer_with_replays_in_flight_is_safe<G: Stack>() {
     let steps = WARMUP + 1 + 40;
     let bytes = model_bytes(SMALL);
     let graphs_before = graph_count();
-    let mut trainer = GraphTrainer::new(
-        model::<G>(SMALL, &bytes),
-        adam::<G>(),
-        loss,
-        GraphTrainerConfig::new(),
-    );
+    let mut trainer = adam_trainer::<G>(SMALL, &bytes);
     let mut task = SineTask::new(31, D_INPUT);
     let mut modes = Vec::new();
     let mut last_loss = None;
@@ -230,12 +220,7 @@ fn dropping_a_trainer_with_replays_in_flight_is_safe<G: Stack>() {
 fn into_parts_with_replays_in_flight_keeps_the_trained_model<G: Stack>() {
     let steps = WARMUP + 1 + 20;
     let bytes = model_bytes(SMALL);
-    let mut trainer = GraphTrainer::new(
-        model::<G>(SMALL, &bytes),
-        adam::<G>(),
-        loss,
-        GraphTrainerConfig::new(),
-    );
+    let mut trainer = adam_trainer::<G>(SMALL, &bytes);
     let mut task = SineTask::new(41, D_INPUT);
     let mut modes = Vec::new();
     for step in 0..steps {

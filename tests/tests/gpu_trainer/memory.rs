@@ -7,12 +7,11 @@
 //! pools may release empty pages) but must not grow.
 
 use burn::prelude::*;
-use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode};
+use burn_graph_capture::StepMode;
 use lstm_example::SineTask;
 
 use crate::common::{
-    D_INPUT, MEDIUM, Stack, WARMUP, adam, batch, device, loss, lr_at, model, model_bytes,
-    pool_usage,
+    D_INPUT, MEDIUM, Stack, WARMUP, adam_trainer, batch, device, lr_at, model_bytes, pool_usage,
 };
 
 const REPLAYS: usize = 1000;
@@ -20,12 +19,7 @@ const MEASURE_AT: [usize; 2] = [100, REPLAYS];
 
 fn memory_is_flat_over_1000_replays<G: Stack>() {
     let bytes = model_bytes(MEDIUM);
-    let mut trainer = GraphTrainer::new(
-        model::<G>(MEDIUM, &bytes),
-        adam::<G>(),
-        loss,
-        GraphTrainerConfig::new(),
-    );
+    let mut trainer = adam_trainer::<G>(MEDIUM, &bytes);
     let mut task = SineTask::new(51, D_INPUT);
     let mut replays = 0;
     let mut usage = Vec::new();
