@@ -12,7 +12,7 @@ pub mod step;
 
 pub use backend::{
     BreakerKind, BufferId, CaptureBreaker, CaptureSession, GraphBackend, GraphCapture, GraphError,
-    NoGraph, OpRecord, OpSignature, Recording, TensorSig,
+    NoGraph, OpRecord, OpSignature, Recording, RuntimeFailure, TensorSig,
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};

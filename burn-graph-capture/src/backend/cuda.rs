@@ -8,7 +8,7 @@
 use burn_backend::{TensorMetadata, tensor::FloatTensor};
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 
-use crate::backend::{BufferId, GraphBackend, GraphError};
+use crate::backend::{BufferId, GraphBackend, GraphError, RuntimeFailure};
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin, capture_end,
     with_server,
@@ -18,7 +18,26 @@ use crate::runtime::{
 pub type CudaCube = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
 
 fn runtime_err(err: CaptureError) -> GraphError {
-    GraphError::Runtime(err.to_string())
+    GraphError::Runtime {
+        kind: failure_kind(&err),
+        detail: err.to_string(),
+    }
+}
+
+fn failure_kind(err: &CaptureError) -> RuntimeFailure {
+    match err {
+        CaptureError::AlreadyCapturing | CaptureError::NotCapturing => RuntimeFailure::WindowState,
+        CaptureError::NeedsAllocation { .. } => RuntimeFailure::NeedsAllocation,
+        CaptureError::StagingExhausted { .. } => RuntimeFailure::StagingExhausted,
+        CaptureError::HostSync(_) => RuntimeFailure::HostSync,
+        CaptureError::FirstCompile(_) => RuntimeFailure::FirstCompile,
+        CaptureError::Unsupported(_) => RuntimeFailure::Unsupported,
+        CaptureError::StreamUnhealthy(_) => RuntimeFailure::StreamUnhealthy,
+        CaptureError::Server(_) => RuntimeFailure::Server,
+        CaptureError::Driver { .. } => RuntimeFailure::Driver,
+        CaptureError::UnknownGraph(_) => RuntimeFailure::UnknownGraph,
+        CaptureError::Unreachable => RuntimeFailure::Unreachable,
+    }
 }
 
 /// Bytes of a contiguous tensor's values.
@@ -105,5 +124,30 @@ impl GraphBackend for CudaCube {
             .ok()?
             .ok()
             .map(BufferId)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_errors_keep_their_kind_and_message() {
+        let err = runtime_err(CaptureError::NeedsAllocation { bytes: 512 });
+        let GraphError::Runtime { kind, detail } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*kind, RuntimeFailure::NeedsAllocation);
+        assert!(detail.contains("512 bytes"), "{detail}");
+        let first = runtime_err(CaptureError::FirstCompile("gemm".into()));
+        assert!(matches!(
+            first,
+            GraphError::Runtime {
+                kind: RuntimeFailure::FirstCompile,
+                ..
+            }
+        ));
+        let sync = runtime_err(CaptureError::HostSync("read"));
+        assert_ne!(sync, first);
     }
 }

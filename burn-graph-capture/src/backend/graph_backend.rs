@@ -28,8 +28,41 @@ pub enum GraphError {
     #[error("pinned copy mismatch: {0}")]
     CopyMismatch(String),
     /// The driver or runtime refused a capture, instantiate or replay call.
-    #[error("graph runtime error: {0}")]
-    Runtime(String),
+    #[error("graph runtime error ({kind:?}): {detail}")]
+    Runtime {
+        /// What failed, for code that reacts to it.
+        kind: RuntimeFailure,
+        /// The runtime's own message.
+        detail: String,
+    },
+}
+
+/// The kind of a runtime failure behind [`GraphError::Runtime`]: the runtime's typed
+/// error, reduced to what a report can serialize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RuntimeFailure {
+    /// A host synchronisation (read, sync, profiling) inside a window.
+    HostSync,
+    /// A window needed memory its pools could not serve without allocating.
+    NeedsAllocation,
+    /// A window ran out of pinned staging.
+    StagingExhausted,
+    /// A kernel was compiled for the first time inside a window.
+    FirstCompile,
+    /// An operation that cannot be recorded.
+    Unsupported,
+    /// A window was opened while one was open, or closed while none was.
+    WindowState,
+    /// Earlier asynchronous work had failed.
+    StreamUnhealthy,
+    /// A runtime server call failed.
+    Server,
+    /// A CUDA driver call failed.
+    Driver,
+    /// The graph is no longer known to the runtime.
+    UnknownGraph,
+    /// The device worker could not be reached.
+    Unreachable,
 }
 
 /// Capture, replay and pinning, as an inner backend provides them.

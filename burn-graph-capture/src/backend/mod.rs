@@ -21,7 +21,7 @@ pub use base::GraphCapture;
 pub use cuda::CudaCube;
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
-pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph};
+pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph, RuntimeFailure};
 pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,
 };
