@@ -118,9 +118,7 @@ where
             self.pins_verified = true;
             return Ok(());
         }
-        self.cache.drop_graphs();
-        self.pinned = None;
-        self.report.pinned_bytes = 0;
+        self.unpin();
         self.report.recaptures += 1;
         if self.report.recaptures > self.config.max_recaptures {
             return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
@@ -247,8 +245,7 @@ where
             Ok(model) => self.model = Some(model),
             Err(error) => {
                 tracing::warn!(trainer = self.id.0, %error, "write-back failed; dropping graphs and pins");
-                self.cache.drop_graphs();
-                self.pinned = None;
+                self.unpin();
                 self.model = Some(model);
             }
         }

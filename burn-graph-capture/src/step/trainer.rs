@@ -233,8 +233,8 @@ where
                 reason
             }
             Err(Fallback::Trainer(reason)) => {
+                self.unpin();
                 self.cache.disable_all(reason.clone());
-                self.pinned = None;
                 reason
             }
             Err(Fallback::Repin) => FallbackReason::PinnedBuffersChanged,
