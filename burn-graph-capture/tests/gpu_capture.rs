@@ -5,6 +5,8 @@
 
 #![cfg(feature = "cuda")]
 
+mod gpu_common;
+
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_graph_capture::{
@@ -14,6 +16,8 @@ use burn_graph_capture::{
     },
 };
 
+use gpu_common::host_values;
+
 type B = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
 type Prim = CubeTensor<CudaGraphRuntime>;
 
@@ -21,19 +25,6 @@ const N: usize = 4096;
 
 fn dev() -> CudaGraphDevice {
     CudaGraphDevice::new(0)
-}
-
-/// Deterministic values in [-1, 1).
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005) ^ 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn prim(t: Tensor<B, 1>) -> Prim {
@@ -49,7 +40,7 @@ fn host(t: Tensor<B, 1>) -> Vec<f32> {
 }
 
 fn input(seed: u64) -> Tensor<B, 1> {
-    Tensor::from_floats(values(seed, N).as_slice(), &dev())
+    Tensor::from_floats(host_values(seed, N).as_slice(), &dev())
 }
 
 /// The captured computation.
@@ -142,7 +133,10 @@ fn c2_window_allocates_new_pages_and_a_host_read_fails_cleanly() {
     assert!(!with_server(&dev(), |s| s.is_capturing()).unwrap());
     // The stream works eagerly afterwards, and a second window still captures.
     let got = host(step(input(5)));
-    let want: Vec<f32> = values(5, N).iter().map(|v| (v * 2.0 + 1.0).exp()).collect();
+    let want: Vec<f32> = host_values(5, N)
+        .iter()
+        .map(|v| (v * 2.0 + 1.0).exp())
+        .collect();
     let max_rel = got
         .iter()
         .zip(&want)
