@@ -79,7 +79,7 @@ def main():
     print()
     print("| b/t/h | graphed (fused) | graphed (cube, no fusion) | eager (ours, fused) | eager (stock burn-cuda) "
           "| kernels/step | kernel ms | graphed / kernel | stock / graphed | capture ms | capture in eager steps "
-          "| graph MiB (arena + retained) | eager MiB (reserved) | graph / eager memory | graph launches "
+          "| graph MiB (arena + retained + private pool) | eager MiB (reserved) | graph / eager memory | graph launches "
           "| torch unrolled graph | torch cuDNN graph |")
     print("|" + "---|" * 17)
     for size in sizes:
@@ -91,7 +91,7 @@ def main():
         graphed = g.get("pipelined_ms")
         graph_bytes = None
         if g:
-            graph_bytes = (g.get("pinned_bytes") or 0) + (g.get("retained_bytes") or 0)
+            graph_bytes = (g.get("pinned_bytes") or 0) + (g.get("retained_bytes") or 0) + (g.get("pool_bytes") or 0)
         eager_bytes = e.get("reserved_bytes")
         cells = [
             size,

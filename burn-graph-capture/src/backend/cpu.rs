@@ -14,11 +14,10 @@ mod flex {
             false
         }
 
-        fn capture_begin(_device: &Self::Device) -> Result<(), GraphError> {
-            Err(GraphError::NoHardwareGraphs)
-        }
-
-        fn capture_end(_device: &Self::Device) -> Result<Self::Graph, GraphError> {
+        fn capture<R>(
+            _device: &Self::Device,
+            _step: impl FnOnce() -> R,
+        ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
             Err(GraphError::NoHardwareGraphs)
         }
 

@@ -10,8 +10,8 @@ use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 
 use crate::backend::{BufferId, GraphBackend, GraphError, RuntimeFailure};
 use crate::runtime::{
-    CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin, capture_end,
-    with_server,
+    CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
+    capture_end, capture_stream, with_server,
 };
 
 /// The plain CubeCL backend on this crate's runtime.
@@ -40,6 +40,28 @@ fn failure_kind(err: &CaptureError) -> RuntimeFailure {
     }
 }
 
+/// An open window, closed when dropped (a panic in the recorded step): the stream must
+/// always leave capture mode. The graph of an abandoned window is thrown away.
+struct OpenWindow<'a> {
+    device: &'a CudaGraphDevice,
+    open: bool,
+}
+
+impl OpenWindow<'_> {
+    fn close(mut self) -> Result<CudaGraphHandle, GraphError> {
+        self.open = false;
+        capture_end(self.device).map_err(runtime_err)
+    }
+}
+
+impl Drop for OpenWindow<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = capture_end(self.device);
+        }
+    }
+}
+
 /// Bytes of a contiguous tensor's values.
 fn value_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
     (tensor.shape().num_elements() * tensor.dtype.size()) as u64
@@ -60,12 +82,18 @@ impl GraphBackend for CudaCube {
         true
     }
 
-    fn capture_begin(device: &CudaGraphDevice) -> Result<(), GraphError> {
-        capture_begin(device).map_err(runtime_err)
-    }
-
-    fn capture_end(device: &CudaGraphDevice) -> Result<Self::Graph, GraphError> {
-        capture_end(device).map_err(runtime_err)
+    /// The step runs under a fresh capture stream whose handles a private pool of the
+    /// window serves, so the step reuses its own freed memory within the capture and the
+    /// graph owns that pool whole (see `runtime::graph_pool`).
+    fn capture<R>(
+        device: &CudaGraphDevice,
+        step: impl FnOnce() -> R,
+    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
+        let stream = capture_stream();
+        capture_begin_in_pool(device, stream).map_err(runtime_err)?;
+        let window = OpenWindow { device, open: true };
+        let out = stream.executes(step);
+        Ok((out, window.close()))
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {

@@ -3,7 +3,7 @@
 //! Fusion queues operations and launches them later, as fused kernels. A window must
 //! record exactly one step's kernels, so the calling thread's fusion stream is drained
 //! (its queued kernels launched onto B's stream; no host sync) before a window opens,
-//! before it closes and before a replay. Pinning, copies and identities act on B's
+//! before it closes (the stream the step ran on) and before a replay. Pinning, copies and identities act on B's
 //! tensors behind the fusion handles, resolved through a clone so that fusion sees a
 //! read-only use and keeps the handle.
 //!
@@ -61,18 +61,22 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         B::supports_hardware_graphs(device)
     }
 
-    fn capture_begin(device: &Self::Device) -> Result<(), GraphError> {
+    fn capture<R>(
+        device: &Self::Device,
+        step: impl FnOnce() -> R,
+    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
         drain::<B>(device);
-        B::capture_begin(device)
-    }
-
-    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError> {
-        drain::<B>(device);
-        let graph = B::capture_end(device)?;
-        Ok(FusedGraph {
+        let (out, graph) = B::capture(device, || {
+            let out = step();
+            // B may run the step under a stream of its own: drain the one it ran on.
+            drain::<B>(device);
+            out
+        })?;
+        let graph = graph.map(|graph| FusedGraph {
             graph,
             device: device.clone(),
-        })
+        });
+        Ok((out, graph))
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {

@@ -74,11 +74,16 @@ pub trait GraphBackend: Backend {
     /// Whether this device can capture and replay hardware graphs.
     fn supports_hardware_graphs(device: &Self::Device) -> bool;
 
-    /// Starts recording the work queued on `device` into a graph.
-    fn capture_begin(device: &Self::Device) -> Result<(), GraphError>;
-
-    /// Stops recording and instantiates the graph.
-    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError>;
+    /// Records `step` into a graph: opens a window on `device`, runs `step`, closes the
+    /// window (on every path, a panic in `step` included).
+    ///
+    /// `Err` means no window could be opened and `step` did not run. Otherwise `step`'s
+    /// result comes back with the graph, or with why the window failed; nothing a
+    /// window records runs until its graph is launched.
+    fn capture<R>(
+        device: &Self::Device,
+        step: impl FnOnce() -> R,
+    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError>;
 
     /// Launches the graph once.
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
@@ -106,12 +111,11 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
         B::supports_hardware_graphs(device)
     }
 
-    fn capture_begin(device: &Self::Device) -> Result<(), GraphError> {
-        B::capture_begin(device)
-    }
-
-    fn capture_end(device: &Self::Device) -> Result<Self::Graph, GraphError> {
-        B::capture_end(device)
+    fn capture<R>(
+        device: &Self::Device,
+        step: impl FnOnce() -> R,
+    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
+        B::capture(device, step)
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {

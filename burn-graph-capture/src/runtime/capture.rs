@@ -25,7 +25,9 @@
 //! waits for the stream to finish the graph's replays, then frees graph and retention.
 
 use super::{device::CudaGraphDevice, error::CaptureError, server::CudaGraphServer};
-use cubecl_common::{bytes::Bytes, device::Device, device_handle::DeviceHandle};
+use cubecl_common::{
+    bytes::Bytes, device::Device, device_handle::DeviceHandle, stream_id::StreamId,
+};
 use cubecl_core::server::Binding;
 use cudarc::driver::{CudaGraph, sys::CUdeviceptr};
 use std::collections::HashMap;
@@ -103,6 +105,8 @@ pub struct CaptureWindow {
     pub deferred_releases: Vec<CapturedGraph>,
     /// Kernel launches recorded.
     pub launches: usize,
+    /// The capture stream whose handles the window's private pool serves, if it has one.
+    pub pool: Option<StreamId>,
 }
 
 impl CaptureWindow {
@@ -121,6 +125,10 @@ pub struct CapturedGraph {
     pub graph: CudaGraph,
     pub retention: Retention,
     pub launches: usize,
+    /// The graph's private pool (see `graph_pool.rs`), retired when the graph goes.
+    pub pool: Option<StreamId>,
+    /// Device bytes the private pool had reserved when the window closed.
+    pub pool_bytes: u64,
 }
 
 // SAFETY: a `CapturedGraph` is created, launched and destroyed only on its server's
@@ -136,6 +144,7 @@ impl CapturedGraph {
             retained_buffers: self.retention.buffer_count(),
             retained_device_bytes: self.retention.device_bytes(),
             retained_staging_bytes: self.retention.staging_bytes(),
+            pool_bytes: self.pool_bytes,
         }
     }
 }
@@ -160,6 +169,9 @@ pub struct GraphInfo {
     pub retained_device_bytes: u64,
     /// Pinned host bytes retained.
     pub retained_staging_bytes: u64,
+    /// Device bytes of the graph's private pool (0 without one): the step's own memory,
+    /// reused within the capture.
+    pub pool_bytes: u64,
 }
 
 /// Runs `task` on the server of `device`, in order with all work queued on it so far.
@@ -172,9 +184,20 @@ pub fn with_server<R: Send>(
         .map_err(|_| CaptureError::Unreachable)
 }
 
-/// Opens a capture window on `device`'s stream.
+/// Opens a capture window on `device`'s stream. Everything the window touches is
+/// retained from the launch that touches it.
 pub fn capture_begin(device: &CudaGraphDevice) -> Result<(), CaptureError> {
-    with_server(device, |server| server.capture_begin())?
+    with_server(device, |server| server.capture_begin(None))?
+}
+
+/// Opens a capture window with a private pool serving the handles of `stream` (from
+/// [`capture_stream`](super::capture_stream)); run the recorded step under that stream
+/// (`stream.executes(..)`) so that its allocations land there and are reused within it.
+pub fn capture_begin_in_pool(
+    device: &CudaGraphDevice,
+    stream: StreamId,
+) -> Result<(), CaptureError> {
+    with_server(device, move |server| server.capture_begin(Some(stream)))?
 }
 
 /// Closes the window on `device` and instantiates what it recorded.

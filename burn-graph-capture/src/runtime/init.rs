@@ -127,6 +127,8 @@ pub fn try_init_server(device_id: DeviceId) -> Result<CudaGraphServer, InitError
         stream,
         gpu,
         arena,
+        graph_pools: Default::default(),
+        memory_props: mem_props.clone(),
         window: None,
         pinned,
         drop_queue: PendingDropQueue::default(),

@@ -38,17 +38,21 @@ pub mod device;
 mod environment;
 pub mod error;
 mod fence;
+pub mod graph_pool;
 mod init;
 pub mod properties;
 mod server;
 mod storage;
 mod stream;
 
-pub use capture::{CudaGraphHandle, GraphInfo, capture_begin, capture_end, with_server};
+pub use capture::{
+    CudaGraphHandle, GraphInfo, capture_begin, capture_begin_in_pool, capture_end, with_server,
+};
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
 pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
 pub use error::{CaptureError, InitError};
+pub use graph_pool::capture_stream;
 pub use server::CudaGraphServer;
 pub use storage::GpuResource;
 

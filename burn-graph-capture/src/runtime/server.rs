@@ -11,7 +11,6 @@
 //! profile go to the profiler instead, so a failing candidate does not poison the stream.
 
 use super::{
-    arena::is_arena,
     capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
@@ -142,6 +141,11 @@ impl CudaGraphServer {
         let stream = self.streams.resolve(stream_id);
         let refused = stream.gpu.storage().refused_bytes();
         let refused = refused.or(stream.arena.storage().refused_bytes());
+        let pool = stream.window.as_ref().and_then(|window| window.pool);
+        let refused = refused.or_else(|| {
+            let pool = stream.graph_pools.get_mut(&pool?)?;
+            pool.storage().refused_bytes()
+        });
         match &mut stream.window {
             Some(window) => window.break_with(match refused {
                 Some(bytes) => CaptureError::NeedsAllocation { bytes },
@@ -236,8 +240,10 @@ impl CudaGraphServer {
         let metadata_binding = metadata.as_ref().map(|handle| handle.clone().binding());
         for binding in args.buffers.into_iter().chain(metadata_binding) {
             let slice = resource(stream, binding.clone())?;
-            // Inside a window the graph keeps every buffer it touches (I1).
-            if let Some(window) = &mut stream.window {
+            // Inside a window the graph keeps every buffer it touches (I1); buffers of its
+            // private pool are kept by the pool, which the graph owns.
+            let pooled = stream.in_window_pool(&binding.stream);
+            if !pooled && let Some(window) = &mut stream.window {
                 window.retention.keep(binding, slice.ptr, slice.size);
             }
             pointers.push(slice.ptr);
@@ -325,14 +331,14 @@ impl CudaGraphServer {
     }
 }
 
-/// Resolves a binding to its device slice, in the arena or in the normal pools.
+/// Resolves a binding to its device slice, in the pool its handle's stream names (the
+/// arena, a graph's private pool, or the normal pools).
 fn resource(stream: &mut ServerStream, binding: Binding) -> Result<GpuResource, IoError> {
-    let pool = if is_arena(&binding.stream) {
-        &mut stream.arena
-    } else {
-        &mut stream.gpu
-    };
-    pool.get_resource(binding.memory, binding.offset_start, binding.offset_end)
+    stream.pool_for(&binding.stream).get_resource(
+        binding.memory,
+        binding.offset_start,
+        binding.offset_end,
+    )
 }
 
 /// Pinned staging for a copy the stream will read later. Inside a window it must come from
@@ -403,12 +409,12 @@ fn upload_metadata(stream: &mut ServerStream, words: &[u64]) -> Result<Handle, S
     let mut staging = staging_buffer(stream, data.len())?;
     staging.copy_from_slice(data);
 
-    let handle = Handle::new(StreamId::current(), data.len() as u64);
-    let reserved = stream.gpu.reserve(data.len() as u64)?;
+    let owner = StreamId::current();
+    let handle = Handle::new(owner, data.len() as u64);
     let cursor = stream.tick();
-    stream
-        .gpu
-        .bind(reserved, handle.memory.clone(), cursor)
+    let pool = stream.pool_for(&owner);
+    let reserved = pool.reserve(data.len() as u64)?;
+    pool.bind(reserved, handle.memory.clone(), cursor)
         .map_err(ServerError::from)?;
     let target = resource(stream, handle.clone().binding())?;
     // SAFETY: `target` is a fresh slice of `data.len()` bytes; `staging` is pinned and
@@ -488,10 +494,12 @@ impl ComputeServer for CudaGraphServer {
             return self.park(stream_id, err);
         }
         let stream = self.streams.resolve(stream_id);
-        let bound = stream.gpu.reserve(size).and_then(|reserved| {
-            let cursor = stream.tick();
-            stream.gpu.bind(reserved, memory, cursor)
-        });
+        let cursor = stream.tick();
+        // Handles are created on the caller's stream, so `stream_id` names their pool.
+        let pool = stream.pool_for(&stream_id);
+        let bound = pool
+            .reserve(size)
+            .and_then(|reserved| pool.bind(reserved, memory, cursor));
         if let Err(err) = bound {
             self.park(stream_id, err.into());
         }
@@ -620,6 +628,7 @@ impl ComputeServer for CudaGraphServer {
         let stream = self.streams.resolve(stream_id);
         if !stream.capturing() {
             stream.gpu.cleanup(true);
+            collect_graph_pools(stream);
         }
     }
 
@@ -658,17 +667,46 @@ fn set_window_flags(stream: &mut ServerStream, open: bool) {
     stream.pinned.storage().refuse_allocs(open);
 }
 
+/// Sets or clears the window flags on the storage of the window's private pool, if any.
+fn set_pool_window_flags(stream: &mut ServerStream, pool: Option<StreamId>, open: bool) {
+    if let Some(memory) = pool.and_then(|pool| stream.graph_pools.get_mut(&pool)) {
+        memory.storage().hold_frees(open);
+        memory.storage().set_capturing(open);
+        if !open {
+            memory.storage().flush();
+        }
+    }
+}
+
+/// Drops retired graph pools that nothing uses any more, after the stream has finished
+/// the work queued so far (their pages are freed).
+fn collect_graph_pools(stream: &mut ServerStream) {
+    if stream.graph_pools.is_empty() {
+        return;
+    }
+    if let Err(err) = stream.fence().wait() {
+        tracing::warn!("CudaGraphRuntime: waiting before dropping graph pools failed: {err}");
+        return;
+    }
+    stream.graph_pools.collect();
+}
+
 /// Frees a graph and what it retains once the stream has finished every queued replay.
 ///
 /// `cuGraphExecDestroy` alone would be safe ("if the executable graph is in-flight, it
 /// will not be terminated, but rather freed asynchronously on completion"), but the
 /// retained pinned staging is host memory that the next eager write could reuse, so the
 /// release waits for the stream first.
-fn release_now(stream: &ServerStream, graph: CapturedGraph) {
+fn release_now(stream: &mut ServerStream, graph: CapturedGraph) {
     if let Err(err) = stream.fence().wait() {
         tracing::warn!("CudaGraphRuntime: waiting before a graph release failed: {err}");
     }
+    let pool = graph.pool;
     drop(graph);
+    if let Some(pool) = pool {
+        stream.graph_pools.retire(&pool);
+        stream.graph_pools.collect();
+    }
 }
 
 fn capture_server_err(err: ServerError) -> CaptureError {
@@ -691,7 +729,10 @@ impl CudaGraphServer {
     /// Opens a capture window on the stream (THREAD_LOCAL mode; see `capture.rs`).
     ///
     /// Deferred host work (drop queue, page frees) is settled first, outside the window.
-    pub fn capture_begin(&mut self) -> Result<(), CaptureError> {
+    ///
+    /// With `pool`, the window records into a private pool serving handles created on that
+    /// stream (see `graph_pool.rs`); the caller runs the step under it.
+    pub fn capture_begin(&mut self, pool: Option<StreamId>) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
         if self.main_stream().capturing() {
             return Err(CaptureError::AlreadyCapturing);
@@ -700,21 +741,37 @@ impl CudaGraphServer {
         if !errors.is_empty() {
             return Err(CaptureError::StreamUnhealthy(format!("{errors:?}")));
         }
+        let logger = self.logger.clone();
         let stream = self.main_stream();
         let cuda_stream = stream.stream.clone();
         stream.drop_queue.flush(|| Fence::record(&cuda_stream));
         stream.gpu.storage().flush();
         stream.arena.storage().flush();
+        if let Some(pool) = pool {
+            if stream.graph_pools.contains(&pool) {
+                return Err(CaptureError::Unsupported("reusing a capture stream"));
+            }
+            let (cuda, props) = (stream.stream.clone(), stream.memory_props.clone());
+            stream.graph_pools.open(pool, cuda, &props, logger);
+        }
         set_window_flags(stream, true);
+        set_pool_window_flags(stream, pool, true);
         // "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: ... potentially unsafe API calls are
         // prohibited only from this thread": the worker thread is the only one that records.
         if let Err(err) =
             cuda_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         {
             set_window_flags(stream, false);
+            set_pool_window_flags(stream, pool, false);
+            if let Some(pool) = pool {
+                stream.graph_pools.retire(&pool);
+            }
             return Err(CaptureError::driver("cuStreamBeginCapture", err));
         }
-        stream.window = Some(CaptureWindow::default());
+        stream.window = Some(CaptureWindow {
+            pool,
+            ..CaptureWindow::default()
+        });
         Ok(())
     }
 
@@ -729,6 +786,7 @@ impl CudaGraphServer {
         };
         let ended = stream.stream.end_capture(CUgraphInstantiate_flags(0));
         set_window_flags(stream, false);
+        set_pool_window_flags(stream, window.pool, false);
         let graph = match (window.broken.take(), ended) {
             (Some(err), _) => Err(err),
             (None, Err(err)) => Err(CaptureError::driver(
@@ -747,12 +805,25 @@ impl CudaGraphServer {
         }
         stream.gpu.storage().flush();
         stream.arena.storage().flush();
-        let graph = graph?;
+        let graph = match graph {
+            Ok(graph) => graph,
+            Err(err) => {
+                // Nothing recorded ran; the pool goes once its handles are dropped.
+                if let Some(pool) = window.pool {
+                    stream.graph_pools.retire(&pool);
+                }
+                return Err(err);
+            }
+        };
+        let pool_bytes = window
+            .pool
+            .map_or(0, |pool| stream.graph_pools.reserved_bytes(&pool));
         let info = GraphInfo {
             launches: window.launches,
             retained_buffers: window.retention.buffer_count(),
             retained_device_bytes: window.retention.device_bytes(),
             retained_staging_bytes: window.retention.staging_bytes(),
+            pool_bytes,
         };
         let id = self.next_graph;
         self.next_graph += 1;
@@ -762,6 +833,8 @@ impl CudaGraphServer {
                 graph,
                 retention: window.retention,
                 launches: window.launches,
+                pool: window.pool,
+                pool_bytes,
             },
         );
         Ok((id, info))
@@ -807,6 +880,17 @@ impl CudaGraphServer {
             .values()
             .map(|g| g.retention.device_bytes())
             .sum()
+    }
+
+    /// Device bytes reserved by graphs' private pools (live graphs, and retired pools that
+    /// still have handles).
+    pub fn graph_pool_bytes(&mut self) -> u64 {
+        self.main_stream().graph_pools.total_reserved_bytes()
+    }
+
+    /// Number of graph pools alive.
+    pub fn graph_pool_count(&mut self) -> usize {
+        self.main_stream().graph_pools.len()
     }
 
     /// What each live graph recorded and retains, for reports (read-only).
@@ -882,9 +966,11 @@ impl CudaGraphServer {
             }
             return Err(err);
         }
-        if let Some(window) = &mut stream.window {
-            window.retention.keep(src, from.ptr, from.size);
-            window.retention.keep(dst, to.ptr, to.size);
+        for (binding, slice) in [(src, from), (dst, to)] {
+            let pooled = stream.in_window_pool(&binding.stream);
+            if !pooled && let Some(window) = &mut stream.window {
+                window.retention.keep(binding, slice.ptr, slice.size);
+            }
         }
         Ok(())
     }

@@ -9,12 +9,15 @@
 //! "Every `StreamId` ... must map to the capturing CUDA stream").
 
 use super::{
+    arena::is_arena,
     capture::CaptureWindow,
     fence::Fence,
+    graph_pool::GraphPools,
     storage::{GpuStorage, PinnedStorage},
 };
 use cubecl_common::bytes::Bytes;
 use cubecl_common::stream_id::StreamId;
+use cubecl_core::ir::MemoryDeviceProperties;
 use cubecl_core::server::ServerError;
 use cubecl_runtime::memory_management::{MemoryManagement, drop_queue::PendingDropQueue};
 use cudarc::driver::CudaStream;
@@ -28,6 +31,10 @@ pub struct ServerStream {
     pub gpu: MemoryManagement<GpuStorage>,
     /// The arena: pinned tensors at fixed addresses (see `arena.rs`).
     pub arena: MemoryManagement<GpuStorage>,
+    /// Private pools of captured steps (see `graph_pool.rs`).
+    pub graph_pools: GraphPools,
+    /// Page size and alignment of device pools, for new graph pools.
+    pub memory_props: MemoryDeviceProperties,
     /// The open capture window, if any (see `capture.rs`).
     pub window: Option<CaptureWindow>,
     /// Pinned host pools (staging for reads and writes).
@@ -50,6 +57,26 @@ impl ServerStream {
     pub fn tick(&mut self) -> u64 {
         self.cursor += 1;
         self.cursor
+    }
+
+    /// The pool holding the memory of handles created on `owner`: the arena, a graph's
+    /// private pool, or the normal pools.
+    pub fn pool_for(&mut self, owner: &StreamId) -> &mut MemoryManagement<GpuStorage> {
+        if is_arena(owner) {
+            &mut self.arena
+        } else if self.graph_pools.contains(owner) {
+            self.graph_pools.get_mut(owner).expect("checked above")
+        } else {
+            &mut self.gpu
+        }
+    }
+
+    /// Whether `owner`'s handles live in the open window's private pool (the graph owns
+    /// that pool whole, so its bindings need no retention of their own).
+    pub fn in_window_pool(&self, owner: &StreamId) -> bool {
+        self.window
+            .as_ref()
+            .is_some_and(|window| window.pool.as_ref() == Some(owner))
     }
 
     /// Whether a capture window is open.

@@ -41,34 +41,6 @@ pub(crate) enum Fallback {
     Repin,
 }
 
-/// Closes an open capture window on every path, panics included, so that the stream
-/// always leaves capture mode.
-struct Window<'a, G: GraphBackend> {
-    device: &'a G::Device,
-    open: bool,
-}
-
-impl<'a, G: GraphBackend> Window<'a, G> {
-    fn open(device: &'a G::Device) -> Result<Self, GraphError> {
-        G::capture_begin(device)?;
-        Ok(Self { device, open: true })
-    }
-
-    fn close(mut self) -> Result<G::Graph, GraphError> {
-        self.open = false;
-        G::capture_end(self.device)
-    }
-}
-
-impl<G: GraphBackend> Drop for Window<'_, G> {
-    fn drop(&mut self) {
-        if self.open {
-            // The graph of an abandoned window is dropped unlaunched.
-            let _ = G::capture_end(self.device);
-        }
-    }
-}
-
 /// A copy of `tensor` in a fresh buffer: replays overwrite the graph's own loss buffer.
 fn detached_copy<G: GraphBackend>(tensor: &FloatTensor<G>) -> Loss<G> {
     let inner =
@@ -156,16 +128,10 @@ where
         let started = Instant::now();
         let device = self.device.clone();
         let session = CaptureSession::begin();
-        let window = Window::<G>::open(&device).map_err(shape_error)?;
-        let recorded = self.record_step(&static_batch);
-        let closed = match recorded {
-            Ok(loss) => window.close().map(|graph| (graph, loss)),
-            Err(error) => {
-                drop(window);
-                Err(error)
-            }
-        };
+        let captured = G::capture(&device, || self.record_step(&static_batch));
         let recording = session.finish();
+        let (recorded, graph) = captured.map_err(shape_error)?;
+        let closed = recorded.and_then(|loss| graph.map(|graph| (graph, loss)));
         let pinned = self.pinned.as_ref().expect("pinned above");
         let (graph, loss) = match closed {
             Ok(done) => done,

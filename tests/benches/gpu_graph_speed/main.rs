@@ -55,6 +55,7 @@ fn graphed_json(run: &ours::Graphed) -> Value {
         "graphs_alive": run.graphs.len(),
         "graph_launches": graph.map(|g| g.launches),
         "retained_bytes": run.graphs.iter().map(|g| g.retained_device_bytes).sum::<u64>(),
+        "pool_bytes": run.graphs.iter().map(|g| g.pool_bytes).sum::<u64>(),
         "retained_buffers": graph.map(|g| g.retained_buffers),
         "retained_staging_bytes": graph.map(|g| g.retained_staging_bytes),
         "modes": serde_json::to_value(&run.report.modes).expect("modes"),
