@@ -747,6 +747,8 @@ impl CudaGraphServer {
         stream.drop_queue.flush(|| Fence::record(&cuda_stream));
         stream.gpu.storage().flush();
         stream.arena.storage().flush();
+        // Pools of released graphs whose last handle has gone since.
+        collect_graph_pools(stream);
         if let Some(pool) = pool {
             if stream.graph_pools.contains(&pool) {
                 return Err(CaptureError::Unsupported("reusing a capture stream"));
