@@ -96,6 +96,13 @@ impl GraphBackend for CudaCube {
         Ok((out, window.close()))
     }
 
+    /// Under a fresh stream, as `capture` runs its step (no pool: the handles land in
+    /// the normal pools). With fusion on top, the step then meets the same cross-stream
+    /// inputs as the captured one, so its fused kernels are compiled before the window.
+    fn rehearse<R>(_device: &CudaGraphDevice, step: impl FnOnce() -> R) -> R {
+        capture_stream().executes(step)
+    }
+
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
         graph.replay().map_err(runtime_err)
     }

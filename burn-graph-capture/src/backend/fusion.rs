@@ -79,6 +79,14 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         Ok((out, graph))
     }
 
+    fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        B::rehearse(device, || {
+            let out = step();
+            drain::<B>(device);
+            out
+        })
+    }
+
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
         // Work queued before the replay (its inputs, reads of the last loss) runs first.
         drain::<B>(&graph.device);

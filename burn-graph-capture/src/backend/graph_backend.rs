@@ -85,6 +85,14 @@ pub trait GraphBackend: Backend {
         step: impl FnOnce() -> R,
     ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError>;
 
+    /// Runs an eager step the way [`capture`](Self::capture) will run the step it
+    /// records, minus the window, so that warmup compiles and tunes exactly what the
+    /// capture will launch (a backend that records under a stream of its own warms up
+    /// under a stream of its own too).
+    fn rehearse<R>(_device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        step()
+    }
+
     /// Launches the graph once.
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
 
@@ -116,6 +124,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
         step: impl FnOnce() -> R,
     ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
         B::capture(device, step)
+    }
+
+    fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        B::rehearse(device, step)
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {

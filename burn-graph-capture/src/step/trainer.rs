@@ -210,7 +210,8 @@ where
     }
 
     fn warmup_step(&mut self, key: &InputKey, batch: &I) -> Result<(Loss<G>, StepMode), StepError> {
-        let (loss, recording) = self.eager_step(batch, true)?;
+        let device = self.device.clone();
+        let (loss, recording) = G::rehearse(&device, || self.eager_step(batch, true))?;
         let recording = recording.unwrap_or_default();
         let mode = match self.cache.warmed(key, recording) {
             Some(reason) => StepMode::Eager(reason),
