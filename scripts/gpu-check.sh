@@ -109,7 +109,7 @@ cubecl_save() {
 
 # Issue 5's speed stages, in one run so that every ratio comes from one machine and hour.
 #   SPEED_SIZES    all (default) or b/t/h,b/t/h     SPEED_STACKS  fused,stock,cube (default)
-#   SPEED_TIMEOUT  seconds (default 540)
+#   SPEED_TIMEOUT  seconds per size (default 540); each size runs in a process of its own
 #   NCU_TARGETS    fused (default); also stock, cube (the eager step after warmup), and
 #                  fused-replay, cube-replay (one graph replay; ncu profiles graph kernel
 #                  nodes one by one), space-separated
@@ -137,9 +137,18 @@ speed_stages() {
     local start
     if ((speed)); then
         start=$SECONDS
-        (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" \
-            "${SPEED_SIZES:-all}" "${SPEED_STACKS:-fused,stock,cube}") 2>&1 | tee "$out/speed.log"
-        status[speed]=${PIPESTATUS[0]}
+        # One process per size: eager memory is the growth of fresh pools, so a size run
+        # after a larger one in the same process would find its pages already reserved.
+        local sizes=${SPEED_SIZES:-all} size rc
+        [[ $sizes == all ]] && sizes=32/64/256,8/64/128,128/32/512
+        : >"$out/speed.log"
+        status[speed]=0
+        for size in ${sizes//,/ }; do
+            (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" \
+                "$size" "${SPEED_STACKS:-fused,stock,cube}") 2>&1 | tee -a "$out/speed.log"
+            rc=${PIPESTATUS[0]}
+            ((rc)) && status[speed]=$rc
+        done
         seconds[speed]=$((SECONDS - start))
         cp "$out/speed.log" "$results/"
         cubecl_save
