@@ -8,7 +8,8 @@
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
 #       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, ncu, torch,
-#       perf (= speed + ncu + torch), memcheck, bench (= perf + the eager runtime bench),
+#       perf (= speed + ncu + torch), memcheck, memcheck-trainer (its GraphTrainer part
+#       alone), bench (= perf + the eager runtime bench),
 #       conformance (CubeCL's own suites, from the separate workspace conformance/),
 #       precision (matmul/sum of both stacks against an f64 reference).
 #
@@ -284,11 +285,26 @@ run() {
             "$bin/gpu_capture" --ignored --test-threads=1 >"$out/memcheck-capture.log" 2>&1
         status[memcheck_capture]=$?
         tail -3 "$out/memcheck-capture.log"
-        # GraphTrainer guard tests (small LSTM sizes, for the sanitizer's slowdown).
-        timeout "${MEMCHECK_TRAINER_TIMEOUT:-400}" compute-sanitizer --tool memcheck --error-exitcode 17 --print-limit 20 \
-            "$bin/gpu_trainer" --ignored --test-threads=1 guards:: >"$out/memcheck-trainer.log" 2>&1
-        status[memcheck_trainer]=$?
-        tail -3 "$out/memcheck-trainer.log"
+    fi
+    if [[ $what == all || $what == memcheck || $what == memcheck-trainer ]]; then
+        # The whole GraphTrainer suite, in two sanitizer processes side by side (guards;
+        # correctness and memory), each ~400 s: GPU_TRAINER_SHORT cuts the 200-step and
+        # 1,000-replay runs to a tenth (same code paths; kernels run 10-100x slower here).
+        local part
+        local -A pids
+        for part in guards correctness; do
+            local filters=(guards::)
+            [[ $part == correctness ]] && filters=(correctness:: memory::)
+            GPU_TRAINER_SHORT=1 timeout "${MEMCHECK_TRAINER_TIMEOUT:-540}" compute-sanitizer --tool memcheck \
+                --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 \
+                "${filters[@]}" >"$out/memcheck-trainer-$part.log" 2>&1 &
+            pids[$part]=$!
+        done
+        for part in guards correctness; do
+            wait "${pids[$part]}"
+            status[memcheck_trainer_$part]=$?
+        done
+        tail -3 "$out"/memcheck-trainer-*.log
     fi
 
     echo
@@ -301,7 +317,9 @@ run() {
     [ -f "$out/precision.log" ] && grep -E "^\| |^test result" "$out/precision.log"
     [ -f "$out/memcheck.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck.log"
     [ -f "$out/memcheck-capture.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-capture.log"
-    [ -f "$out/memcheck-trainer.log" ] && grep -E "ERROR SUMMARY|test result" "$out/memcheck-trainer.log"
+    for log in "$out"/memcheck-trainer-*.log; do
+        [ -f "$log" ] && grep -E "ERROR SUMMARY|test result" "$log"
+    done
     [ -f "$out/bench.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/bench.log"
     [ -f "$out/speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/speed.log"
     echo "| check | exit status |"
@@ -332,5 +350,5 @@ conformance_table() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac

@@ -45,6 +45,20 @@ pub const D_INPUT: usize = 32;
 /// Warmup steps of the default trainer config: step `WARMUP` is captured.
 pub const WARMUP: usize = 3;
 
+/// Env var that cuts the long runs (200 correctness steps, 1,000 replays) to a tenth:
+/// `scripts/gpu-check.sh` sets it under compute-sanitizer, where every kernel runs
+/// 10-100x slower, so the whole suite fits one sanitizer run on the same code paths.
+pub const SHORT_VAR: &str = "GPU_TRAINER_SHORT";
+
+/// `full`, or a tenth of it when `SHORT_VAR` is set.
+pub fn run_length(full: usize) -> usize {
+    if std::env::var_os(SHORT_VAR).is_some() {
+        full / 10
+    } else {
+        full
+    }
+}
+
 /// Batch, sequence length and hidden size of one test's LSTM.
 #[derive(Clone, Copy, Debug)]
 pub struct Sizes {

@@ -4,16 +4,17 @@
 //! same 200 steps by hand with the same capturable optimizer, from the same weights and
 //! batches, with a learning rate that changes every step. A replay that froze the
 //! learning rate, the step count or a bias correction, or read a stale parameter, would
-//! diverge within a few steps.
+//! diverge within a few steps. (20 steps with `GPU_TRAINER_SHORT`, under the sanitizer.)
 
 use burn_graph_capture::optim::CapturableOptimizer;
 use burn_graph_capture::{GraphTrainerConfig, TrainBackend};
 
 use crate::common::{
     MEDIUM, Model, Plan, Stack, TOLERANCE, adam, adamw, assert_warmup_capture_replay, eager_run,
-    graphed_run, model_bytes, nothing, sgd_momentum,
+    graphed_run, model_bytes, nothing, run_length, sgd_momentum,
 };
 
+/// Steps per run (before `run_length`).
 const STEPS: usize = 200;
 
 /// Trains twice with optimizers from `make`, graphed and eager, and compares.
@@ -22,11 +23,12 @@ where
     G: Stack,
     O: CapturableOptimizer<Model<G>, TrainBackend<G>>,
 {
+    let steps = run_length(STEPS);
     let bytes = model_bytes(MEDIUM);
     let plan = Plan {
         sizes: MEDIUM,
         seed: 11,
-        steps: STEPS,
+        steps,
         base_lr,
     };
     let graphed = graphed_run::<G, O>(
@@ -41,13 +43,13 @@ where
     let case = crate::common::case::<G>(case);
     let comparison = crate::common::Comparison::of(&graphed, &eager);
     println!(
-        "{case}: loss {} -> {} over {STEPS} steps; report {}",
+        "{case}: loss {} -> {} over {steps} steps; report {}",
         eager.losses[0],
-        eager.losses[STEPS - 1],
+        eager.losses[steps - 1],
         serde_json::to_string(&graphed.report).unwrap()
     );
     assert!(
-        eager.losses[STEPS - 1] < eager.losses[0],
+        eager.losses[steps - 1] < eager.losses[0],
         "{case}: training did not learn (a vacuous comparison)"
     );
     comparison.check(&case, TOLERANCE);
