@@ -228,6 +228,13 @@ run() {
     # for both runtimes (about 150 s per LSTM configuration on the H200, 2026-11-30). The
     # autotune results persist under ./target, so later stages (the bench) start warm.
     local t_tests=${TESTS_TIMEOUT:-540} t_mem=${MEMCHECK_TIMEOUT:-540} t_bench=${BENCH_TIMEOUT:-300}
+    if [[ $what == all || $what == smoke || $what == tests || $what == memcheck ]]; then
+        # Parity tests run stock in child processes whose autotune results then seed ours
+        # (tests/gpu_common/child.rs); keep stock's results in the carried cache, so each
+        # shape is tuned once across tests, binaries and runs.
+        cubecl_setup
+        export GPU_STOCK_AUTOTUNE=$cubecl_dir/cache/autotune
+    fi
     if [[ $what == smoke ]]; then
         timeout 200 "$bin/gpu_runtime" --ignored --test-threads=1 --nocapture smoke random_and_sync op_parity_plain 2>&1 | tee "$out/smoke.log"
         status[smoke]=${PIPESTATUS[0]}
@@ -240,6 +247,7 @@ run() {
         # Capture windows, retention, arena, replay (issue 5); small and fast (~3 s warm).
         timeout 200 "$bin/gpu_capture" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/capture.log"
         status[capture]=${PIPESTATUS[0]}
+        cubecl_save
     fi
     if [[ $what == all || $what == tests || $what == trainer ]]; then
         # GraphTrainer end to end (issue-5 acceptance): replays vs eager training, guards,

@@ -5,8 +5,8 @@
 //! Autotune picks kernels by timing, and cubek-matmul's accelerated kernels stage f32
 //! operands as TF32, so two stacks, or two processes of one stack, may run kernels of
 //! different precision. Each stack therefore runs in a fresh child process of this binary
-//! with an empty autotune cache, and stock runs twice to show how far stock is from itself.
-//! Children log the kernel autotune chose for each op ("Fastest result …").
+//! with an empty autotune cache (`gpu_common::child`), and stock runs twice to show how
+//! far stock is from itself. The log lists the kernel autotune chose for each op.
 //!
 //! `#[ignore]`d like every GPU test: run with `--ignored` on the GPU machine, where it fails
 //! if the GPU is missing (the children cannot start a client).
@@ -15,14 +15,9 @@
 mod gpu_common;
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
-use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, autotune::AutotuneLogLevel};
+use gpu_common::child::{Children, as_child, output, values, write_outputs};
 use gpu_common::*;
-use std::{path::PathBuf, process::Command};
 
-/// Env var that turns the test into a child: the stack to measure.
-const STACK_VAR: &str = "GPU_PRECISION_STACK";
-/// Env var naming the child's output file; its empty autotune cache directory is beside it.
-const OUT_VAR: &str = "GPU_PRECISION_OUT";
 const TEST_NAME: &str = "t1_precision_against_f64";
 
 /// Matmul shapes (m, k, n): non-multiples of 16, op-parity shapes, LSTM gate shapes.
@@ -125,14 +120,8 @@ fn rel_err_f64(a: &[f32], r: &[f64]) -> f64 {
     diff.sqrt() / norm.sqrt().max(1e-30)
 }
 
-/// Child: measure one stack with a fresh autotune cache, write its outputs to `out`.
-fn child(stack: &str, out: PathBuf) {
-    let mut config = CubeClRuntimeConfig::default();
-    config.autotune.cache =
-        cubecl_runtime::config::cache::CacheConfig::File(out.with_extension("autotune"));
-    config.autotune.logger.stdout = true;
-    config.autotune.logger.level = AutotuneLogLevel::Minimal;
-    CubeClRuntimeConfig::set(config);
+/// Child: measures one stack and hands its outputs back.
+fn child(stack: &str) {
     let cases = match stack {
         "ours" => run_cases::<Ours>(&our_device()),
         "ours-fused" => run_cases::<OursFused>(&our_device()),
@@ -140,76 +129,32 @@ fn child(stack: &str, out: PathBuf) {
         "stock-fused" => run_cases::<StockFused>(&stock_device()),
         other => panic!("unknown stack {other}"),
     };
-    let mut bytes = Vec::new();
-    for values in cases {
-        bytes.extend((values.len() as u64).to_le_bytes());
-        bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    std::fs::write(out, bytes).expect("child writes its outputs");
-}
-
-/// Reads a child's outputs back: one vector per case.
-fn read_outputs(path: &PathBuf) -> Vec<Vec<f32>> {
-    let bytes = std::fs::read(path).expect("child wrote its outputs");
-    let mut rest = &bytes[..];
-    let mut cases = Vec::new();
-    while !rest.is_empty() {
-        let (len, tail) = rest.split_at(8);
-        let len = u64::from_le_bytes(len.try_into().unwrap()) as usize;
-        let (values, tail) = tail.split_at(len * 4);
-        cases.push(
-            values
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        );
-        rest = tail;
-    }
-    cases
-}
-
-/// Runs one stack in a fresh process of this binary; returns its outputs.
-fn spawn_child(index: usize, stack: &str) -> Vec<Vec<f32>> {
-    let dir = std::env::temp_dir().join(format!("gpu-precision-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let out = dir.join(format!("{index}-{stack}.bin"));
-    let exe = std::env::current_exe().expect("own executable");
-    let result = Command::new(exe)
-        .args([
-            TEST_NAME,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(STACK_VAR, stack)
-        .env(OUT_VAR, &out)
-        .output()
-        .expect("child process starts");
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(
-        result.status.success(),
-        "child {stack} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    for line in stdout.lines().filter(|l| l.contains("Fastest result")) {
-        println!("  [{index} {stack}] {}", line.trim());
-    }
-    let outputs = read_outputs(&out);
-    let _ = std::fs::remove_dir_all(&dir);
-    outputs
+    let names = case_names();
+    let outputs: Vec<_> = names
+        .iter()
+        .zip(&cases)
+        .map(|(name, values)| output(name.clone(), false, values))
+        .collect();
+    write_outputs(&outputs);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
 fn t1_precision_against_f64() {
-    if let (Ok(stack), Ok(out)) = (std::env::var(STACK_VAR), std::env::var(OUT_VAR)) {
-        return child(&stack, out.into());
+    if let Some(stack) = as_child() {
+        return child(&stack);
     }
+    let children = Children::new(TEST_NAME);
     let runs: Vec<Vec<Vec<f32>>> = STACKS
         .iter()
         .enumerate()
-        .map(|(i, stack)| spawn_child(i, stack))
+        .map(|(i, stack)| {
+            let run = children.fresh(stack);
+            for choice in &run.choices {
+                println!("  [{i} {stack}] {choice}");
+            }
+            run.outputs.iter().map(values).collect()
+        })
         .collect();
     let names = case_names();
     let reference = reference();

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod child;
+
 use burn::{
     module::Module,
     nn::{

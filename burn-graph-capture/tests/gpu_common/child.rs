@@ -1,0 +1,215 @@
+//! One stack's measurement in a fresh process of the running test binary, with an
+//! autotune cache of its own.
+//!
+//! Autotune picks kernels by timing, and f32 matmul candidates differ in precision
+//! (tensor-core kernels round operands to TF32), so two processes of one stack can
+//! disagree by 7.8e-4 (`gpu_precision`, H200: stock burn-cuda against itself). A child
+//! starts with an empty autotune cache, or with one seeded from stock's results under
+//! this runtime's tuner id, so a comparison can show that spread or pin both stacks to
+//! the same kernels.
+//!
+//! The parent runs a test of its own binary again (`--exact --include-ignored`) with the child's
+//! variables set; that test calls [`as_child`] first and, in a child, measures and
+//! returns through [`write_outputs`].
+
+use burn_graph_capture::runtime::CudaGraphRuntime;
+use cubecl_core::{CubeTuneId, Runtime};
+use cubecl_runtime::config::{
+    CubeClRuntimeConfig, RuntimeConfig, autotune::AutotuneLogLevel, cache::CacheConfig,
+};
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The stack a child measures (its presence makes a test a child).
+const STACK_VAR: &str = "GPU_CHILD_STACK";
+/// The file a child writes its outputs to.
+const OUT_VAR: &str = "GPU_CHILD_OUT";
+/// The child's autotune cache directory.
+const AUTOTUNE_VAR: &str = "GPU_CHILD_AUTOTUNE";
+/// Where stock children keep their autotune results across tests and binaries (set by
+/// `scripts/gpu-check.sh`, so each shape is tuned once per run); a temporary directory
+/// per test otherwise.
+const STOCK_AUTOTUNE_VAR: &str = "GPU_STOCK_AUTOTUNE";
+/// Autotune's log line for a key it had to tune (not found in the cache).
+const TUNED_LINE: &str = "Fastest result";
+
+/// One named output: its values as f32 bits (exact, NaN included) and whether the
+/// comparison must be exact.
+pub type Output = (String, bool, Vec<u32>);
+
+pub fn output(name: impl Into<String>, exact: bool, values: &[f32]) -> Output {
+    (
+        name.into(),
+        exact,
+        values.iter().map(|v| v.to_bits()).collect(),
+    )
+}
+
+pub fn values(output: &Output) -> Vec<f32> {
+    output.2.iter().map(|b| f32::from_bits(*b)).collect()
+}
+
+/// In a child: points CubeCL at the child's autotune cache (before any client starts)
+/// and returns the stack to measure. `None` in the parent.
+pub fn as_child() -> Option<String> {
+    let stack = std::env::var(STACK_VAR).ok()?;
+    let autotune = std::env::var(AUTOTUNE_VAR).expect("a child has an autotune directory");
+    let mut config = CubeClRuntimeConfig::default();
+    config.autotune.cache = CacheConfig::File(autotune.into());
+    config.autotune.logger.stdout = true;
+    config.autotune.logger.level = AutotuneLogLevel::Minimal;
+    CubeClRuntimeConfig::set(config);
+    Some(stack)
+}
+
+/// In a child: hands the outputs to the parent.
+pub fn write_outputs(outputs: &[Output]) {
+    let path = std::env::var(OUT_VAR).expect("a child has an output file");
+    let json = serde_json::to_vec(outputs).expect("outputs serialize");
+    std::fs::write(path, json).expect("child writes its outputs");
+}
+
+/// What one child measured, and how many autotune keys it had to tune itself.
+pub struct ChildRun {
+    pub outputs: Vec<Output>,
+    pub tuned: usize,
+    /// Autotune's "Fastest result" lines, for the log.
+    pub choices: Vec<String>,
+}
+
+/// The children of one parent test, in a temporary directory removed on drop.
+pub struct Children {
+    dir: PathBuf,
+    test: &'static str,
+    stock_autotune: PathBuf,
+    runs: Cell<usize>,
+}
+
+impl Children {
+    /// Children that re-run `test` (this binary's test of that exact name).
+    pub fn new(test: &'static str) -> Self {
+        let dir = std::env::temp_dir().join(format!("gpu-child-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let stock_autotune = std::env::var_os(STOCK_AUTOTUNE_VAR)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.join("stock-autotune"));
+        Self {
+            dir,
+            test,
+            stock_autotune,
+            runs: Cell::new(0),
+        }
+    }
+
+    /// Runs `stack` with an empty autotune cache: it tunes every op itself.
+    pub fn fresh(&self, stack: &str) -> ChildRun {
+        let autotune = self.next_dir();
+        self.run(stack, &autotune)
+    }
+
+    /// Runs a stock stack with the stock autotune cache this test (or, under
+    /// gpu-check, this run) has built so far.
+    pub fn stock(&self, stack: &str) -> ChildRun {
+        self.run(stack, &self.stock_autotune)
+    }
+
+    /// Runs one of this runtime's stacks with the autotune results stock children have
+    /// stored so far, under this runtime's tuner id: every op stock tuned runs the
+    /// kernel stock chose.
+    pub fn ours_with_stock_choices(&self, stack: &str) -> ChildRun {
+        let autotune = self.next_dir();
+        let (stock_id, ours_id) = tuner_ids();
+        let copied = copy_renaming(&self.stock_autotune, &autotune, &stock_id, &ours_id);
+        assert!(
+            copied > 0,
+            "no stock autotune results under {}",
+            self.stock_autotune.display()
+        );
+        self.run(stack, &autotune)
+    }
+
+    /// A new, empty directory for one child.
+    fn next_dir(&self) -> PathBuf {
+        let index = self.runs.get();
+        self.runs.set(index + 1);
+        let dir = self.dir.join(format!("child-{index}"));
+        std::fs::create_dir_all(&dir).expect("child dir");
+        dir
+    }
+
+    fn run(&self, stack: &str, autotune: &Path) -> ChildRun {
+        let out = self.next_dir().join("outputs.json");
+        let exe = std::env::current_exe().expect("own executable");
+        let result = Command::new(exe)
+            .args([self.test, "--exact", "--include-ignored", "--nocapture"])
+            .env(STACK_VAR, stack)
+            .env(OUT_VAR, &out)
+            .env(AUTOTUNE_VAR, autotune)
+            .output()
+            .expect("child process starts");
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        assert!(
+            result.status.success() && stdout.contains("1 passed"),
+            "child {stack} of {} failed or ran no test:\n{stdout}\n{}",
+            self.test,
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let choices: Vec<String> = stdout
+            .lines()
+            .filter(|l| l.contains(TUNED_LINE))
+            .map(|l| l.trim().to_string())
+            .collect();
+        let bytes = std::fs::read(&out).expect("child wrote its outputs");
+        ChildRun {
+            outputs: serde_json::from_slice(&bytes).expect("child outputs parse"),
+            tuned: choices.len(),
+            choices,
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Stock cubecl-cuda's and this runtime's autotune ids for device 0: the directory each
+/// keeps its tuners' results under.
+fn tuner_ids() -> (String, String) {
+    let stock = super::stock_device();
+    let ours = super::our_device();
+    let stock_client = cubecl_cuda::CudaRuntime::client(&stock);
+    let ours_client = CudaGraphRuntime::client(&ours);
+    (
+        CubeTuneId::new::<cubecl_cuda::CudaRuntime>(&stock_client, &stock).to_string(),
+        CubeTuneId::new::<CudaGraphRuntime>(&ours_client, &ours).to_string(),
+    )
+}
+
+/// Copies the tree `from` into `to`, renaming every path component `old` to `new` and
+/// leaving out those already named `new` (this runtime's own results, when the stock
+/// cache is shared with a run of both); returns the number of files copied.
+pub fn copy_renaming(from: &Path, to: &Path, old: &str, new: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return 0;
+    };
+    let mut copied = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name == new {
+            continue;
+        }
+        let target = to.join(if name == old { new.into() } else { name });
+        let path = entry.path();
+        if path.is_dir() {
+            copied += copy_renaming(&path, &target, old, new);
+        } else {
+            std::fs::create_dir_all(to).expect("autotune dir");
+            std::fs::copy(&path, &target).expect("autotune file copies");
+            copied += 1;
+        }
+    }
+    copied
+}
