@@ -229,11 +229,11 @@ run() {
     # autotune results persist under ./target, so later stages (the bench) start warm.
     local t_tests=${TESTS_TIMEOUT:-540} t_mem=${MEMCHECK_TIMEOUT:-540} t_bench=${BENCH_TIMEOUT:-300}
     if [[ $what == all || $what == smoke || $what == tests || $what == memcheck ]]; then
-        # Parity tests run stock in child processes whose autotune results then seed ours
-        # (tests/gpu_common/child.rs); keep stock's results in the carried cache, so each
+        # Parity tests run ours in child processes whose autotune results then seed stock's
+        # (tests/gpu_common/child.rs); keep ours' results in the carried cache, so each
         # shape is tuned once across tests, binaries and runs.
         cubecl_setup
-        export GPU_STOCK_AUTOTUNE=$cubecl_dir/cache/autotune
+        export GPU_OURS_AUTOTUNE=$cubecl_dir/cache/autotune
     fi
     if [[ $what == smoke ]]; then
         timeout 200 "$bin/gpu_runtime" --ignored --test-threads=1 --nocapture smoke random_and_sync op_parity_plain 2>&1 | tee "$out/smoke.log"

@@ -32,8 +32,9 @@ fn missing_driver_is_a_typed_error() {
     assert!(err.to_string().contains("libcuda"), "{err}");
 }
 
-/// Runs on any machine: seeding ours' autotune cache from stock's copies stock's results
-/// under our tuner id and never lets our own earlier results overwrite them.
+/// Runs on any machine: seeding one runtime's autotune cache from the other's copies the
+/// other's results under the first one's tuner id, and never lets the first one's own
+/// earlier results overwrite them.
 #[test]
 fn seeding_copies_stock_choices_under_our_id() {
     let root = std::env::temp_dir().join(format!("gpu-seed-test-{}", std::process::id()));
@@ -261,24 +262,25 @@ fn op_suite_outputs(stack: &str) -> Vec<Output> {
         .collect()
 }
 
-/// Op parity of `ours` with `stock` under the same kernel choices: stock runs first in a
-/// child process, then ours in another, its autotune cache seeded with stock's results
+/// Op parity of `ours` with `stock` under the same kernel choices: ours runs first in a
+/// child process, then stock in another, its autotune cache seeded with ours' results
 /// (see `gpu_common::child`: autotune's choice of f32 matmul kernel moves results by up
-/// to 7.8e-4 even between two stock processes). Ours with its own choices runs too, for
+/// to 7.8e-4 even between two stock processes). Stock with its own choices runs too, for
 /// the log only.
 fn op_parity(test: &'static str, ours: &str, stock: &str) {
     if let Some(stack) = as_child() {
         return write_outputs(&op_suite_outputs(&stack));
     }
     let children = Children::new(test);
-    let stock_run = children.stock(stock);
-    let pinned = children.ours_with_stock_choices(ours);
-    let own = children.fresh(ours);
-    let (own_worst, _) = compare_suites(&own.outputs, &stock_run.outputs);
-    let (worst, failures) = compare_suites(&pinned.outputs, &stock_run.outputs);
+    let ours_run = children.ours(ours);
+    let pinned = children.stock_with_our_choices(stock);
+    let own = children.fresh(stock);
+    let (own_worst, _) = compare_suites(&ours_run.outputs, &own.outputs);
+    let (worst, failures) = compare_suites(&ours_run.outputs, &pinned.outputs);
     println!(
-        "op parity {ours} vs {stock}: {} ops, worst rel err {worst:e} with stock's kernel \
-         choices ({} keys tuned afresh); {own_worst:e} with its own (not asserted)",
+        "op parity {ours} vs {stock}: {} ops, worst rel err {worst:e} with the same kernel \
+         choices (stock tuned {} keys afresh); {own_worst:e} against stock's own choices \
+         (not asserted)",
         pinned.outputs.len(),
         pinned.tuned
     );
@@ -332,7 +334,7 @@ fn t4_op_parity_fused() {
     op_parity("t4_op_parity_fused", "ours-fused", "stock-fused");
 }
 
-/// Losses of `steps` Adam steps, ours (fused) against burn-cuda, ours with stock's kernel
+/// Losses of `steps` Adam steps, ours (fused) against burn-cuda running ours' kernel
 /// choices (as `op_parity`); relative error ≤ 1e-5 at every step.
 fn lstm_parity(test: &'static str, config: (usize, usize, usize), steps: usize) {
     use burn::backend::Autodiff;
@@ -345,9 +347,9 @@ fn lstm_parity(test: &'static str, config: (usize, usize, usize), steps: usize) 
         return write_outputs(&[output("losses", false, &losses)]);
     }
     let children = Children::new(test);
-    let stock = values(&children.stock("stock-fused").outputs[0]);
-    let pinned = children.ours_with_stock_choices("ours-fused");
-    let ours = values(&pinned.outputs[0]);
+    let ours = values(&children.ours("ours-fused").outputs[0]);
+    let pinned = children.stock_with_our_choices("stock-fused");
+    let stock = values(&pinned.outputs[0]);
     assert_eq!(ours.len(), steps, "ours measured {} losses", ours.len());
     let worst = ours
         .iter()
@@ -356,7 +358,7 @@ fn lstm_parity(test: &'static str, config: (usize, usize, usize), steps: usize) 
         .fold(0f64, f64::max);
     println!(
         "lstm {config:?}: loss[0] {} / {}, loss[last] {} / {}, worst step rel err {worst:e} \
-         (ours with stock's kernel choices; {} keys tuned afresh)",
+         (stock with ours' kernel choices; it tuned {} keys afresh)",
         ours[0],
         stock[0],
         ours[steps - 1],

@@ -4,13 +4,15 @@
 //! Autotune picks kernels by timing, and f32 matmul candidates differ in precision
 //! (tensor-core kernels round operands to TF32), so two processes of one stack can
 //! disagree by 7.8e-4 (`gpu_precision`, H200: stock burn-cuda against itself). A child
-//! starts with an empty autotune cache, or with one seeded from stock's results under
-//! this runtime's tuner id, so a comparison can show that spread or pin both stacks to
-//! the same kernels.
+//! starts with an empty autotune cache, or with one seeded from this runtime's results
+//! under stock's tuner id, so a comparison can show that spread or pin both stacks to
+//! the same kernels. The seeding goes from ours to stock because stock can run every
+//! kernel this runtime can, not the reverse: stock also has TMA kernels, which its
+//! autotune picks for some shapes (64x256x256 on the H200) and this runtime cannot launch.
 //!
-//! The parent runs a test of its own binary again (`--exact --include-ignored`) with the child's
-//! variables set; that test calls [`as_child`] first and, in a child, measures and
-//! returns through [`write_outputs`].
+//! The parent runs a test of its own binary again (`--exact --include-ignored`) with the
+//! child's variables set; that test calls [`as_child`] first and, in a child, measures
+//! and returns through [`write_outputs`].
 
 use burn_graph_capture::runtime::CudaGraphRuntime;
 use cubecl_core::{CubeTuneId, Runtime};
@@ -27,10 +29,10 @@ const STACK_VAR: &str = "GPU_CHILD_STACK";
 const OUT_VAR: &str = "GPU_CHILD_OUT";
 /// The child's autotune cache directory.
 const AUTOTUNE_VAR: &str = "GPU_CHILD_AUTOTUNE";
-/// Where stock children keep their autotune results across tests and binaries (set by
-/// `scripts/gpu-check.sh`, so each shape is tuned once per run); a temporary directory
-/// per test otherwise.
-const STOCK_AUTOTUNE_VAR: &str = "GPU_STOCK_AUTOTUNE";
+/// Where this runtime's children keep their autotune results across tests and binaries
+/// (set by `scripts/gpu-check.sh`, so each shape is tuned once per run); a temporary
+/// directory per test otherwise.
+const OURS_AUTOTUNE_VAR: &str = "GPU_OURS_AUTOTUNE";
 /// Autotune's log line for a key it had to tune (not found in the cache).
 const TUNED_LINE: &str = "Fastest result";
 
@@ -82,7 +84,7 @@ pub struct ChildRun {
 pub struct Children {
     dir: PathBuf,
     test: &'static str,
-    stock_autotune: PathBuf,
+    ours_autotune: PathBuf,
     runs: Cell<usize>,
 }
 
@@ -91,13 +93,13 @@ impl Children {
     pub fn new(test: &'static str) -> Self {
         let dir = std::env::temp_dir().join(format!("gpu-child-{}-{test}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let stock_autotune = std::env::var_os(STOCK_AUTOTUNE_VAR)
+        let ours_autotune = std::env::var_os(OURS_AUTOTUNE_VAR)
             .map(PathBuf::from)
-            .unwrap_or_else(|| dir.join("stock-autotune"));
+            .unwrap_or_else(|| dir.join("ours-autotune"));
         Self {
             dir,
             test,
-            stock_autotune,
+            ours_autotune,
             runs: Cell::new(0),
         }
     }
@@ -108,23 +110,22 @@ impl Children {
         self.run(stack, &autotune)
     }
 
-    /// Runs a stock stack with the stock autotune cache this test (or, under
+    /// Runs one of this runtime's stacks with the autotune cache this test (or, under
     /// gpu-check, this run) has built so far.
-    pub fn stock(&self, stack: &str) -> ChildRun {
-        self.run(stack, &self.stock_autotune)
+    pub fn ours(&self, stack: &str) -> ChildRun {
+        self.run(stack, &self.ours_autotune)
     }
 
-    /// Runs one of this runtime's stacks with the autotune results stock children have
-    /// stored so far, under this runtime's tuner id: every op stock tuned runs the
-    /// kernel stock chose.
-    pub fn ours_with_stock_choices(&self, stack: &str) -> ChildRun {
+    /// Runs a stock stack with the autotune results this runtime's children have stored
+    /// so far, under stock's tuner id: every op ours tuned runs the kernel ours chose.
+    pub fn stock_with_our_choices(&self, stack: &str) -> ChildRun {
         let autotune = self.next_dir();
         let (stock_id, ours_id) = tuner_ids();
-        let copied = copy_renaming(&self.stock_autotune, &autotune, &stock_id, &ours_id);
+        let copied = copy_renaming(&self.ours_autotune, &autotune, &ours_id, &stock_id);
         assert!(
             copied > 0,
-            "no stock autotune results under {}",
-            self.stock_autotune.display()
+            "no autotune results of this runtime under {}",
+            self.ours_autotune.display()
         );
         self.run(stack, &autotune)
     }
@@ -189,7 +190,7 @@ fn tuner_ids() -> (String, String) {
 }
 
 /// Copies the tree `from` into `to`, renaming every path component `old` to `new` and
-/// leaving out those already named `new` (this runtime's own results, when the stock
+/// leaving out those already named `new` (the other runtime's own results, when the
 /// cache is shared with a run of both); returns the number of files copied.
 pub fn copy_renaming(from: &Path, to: &Path, old: &str, new: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(from) else {
