@@ -210,7 +210,9 @@ run() {
     export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
     export LD_LIBRARY_PATH=$CUDA_PATH/lib64:${LD_LIBRARY_PATH:-}
     export PATH=$CUDA_PATH/bin:$PATH
-    local bin=/tmp/gpu-check-bin
+    # Two stages may run side by side on one machine (e.g. memcheck-trainer beside tests)
+    # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
+    local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
     for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision; do
         if [ -f "$dir/$name.xz" ]; then
