@@ -286,7 +286,8 @@ run() {
     fi
     if [[ $what == all || $what == memcheck ]]; then
         # Last: under the sanitizer every kernel runs 10-100x slower, so only the small tests.
-        timeout "$t_mem" compute-sanitizer --tool memcheck --error-exitcode 17 --print-limit 20 \
+        # The parity tests measure in child processes: the sanitizer follows them too.
+        timeout "$t_mem" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 17 --print-limit 20 \
             "$bin/gpu_runtime" --ignored --test-threads=1 smoke random_and_sync op_parity lstm_parity_small \
             >"$out/memcheck.log" 2>&1
         status[memcheck]=$?
