@@ -4,8 +4,11 @@
 //! (`cuStreamBeginCapture` in THREAD_LOCAL mode: only the server's worker thread records,
 //! and unsafe calls from other threads are not affected). While it is open (DESIGN I5):
 //! - no host sync: `read`, `sync`, profiling and dynamic cube counts break the window;
-//! - no allocation: the device and pinned storages refuse new pages, so an allocation the
-//!   reserved pages cannot serve breaks the window with [`CaptureError::NeedsAllocation`];
+//! - no stream-ordered allocation: a device page the pools need inside the window comes
+//!   from plain `cuMemAlloc` in relaxed capture mode (as PyTorch's caching allocator
+//!   does), so the graph records no memory node; pinned host pages are refused. A page
+//!   that cannot be had breaks the window with [`CaptureError::NeedsAllocation`]. With a
+//!   private graph pool (`graph_pool`), the step's intermediates come from that pool;
 //! - no free: page frees, the drop queue and storage flushes wait until the window closes;
 //! - no first-time compile: a launch of a kernel not in the cache breaks the window.
 //!
@@ -13,8 +16,9 @@
 //! graph away and returns the first error. Nothing recorded has run, so the caller can run
 //! the step eagerly from the same state.
 //!
-//! Retention (DESIGN I1): every binding a recorded launch or copy used, every metadata
-//! upload and every pinned staging area a recorded copy reads is kept by the graph. A kept
+//! Retention (DESIGN I1): every binding a recorded launch or copy used (outside the
+//! window's own graph pool, which the graph owns whole), every metadata upload and every
+//! pinned staging area a recorded copy reads is kept by the graph. A kept
 //! binding keeps its pool slice "in use", so the pools never hand it to another allocation
 //! while the graph lives, and eager work between replays cannot reuse the graph's
 //! intermediates (the cubecl#1612 failure).

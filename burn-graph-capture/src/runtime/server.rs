@@ -657,8 +657,9 @@ impl ServerCommunication for CudaGraphServer {
     const SERVER_COMM_ENABLED: bool = false;
 }
 
-/// Sets or clears what a capture window forbids on the stream's storages: page frees are
-/// held, and new device, arena and pinned pages are refused.
+/// Sets or clears what a capture window changes on the stream's storages: page frees are
+/// held, new device and arena pages come from relaxed-mode `cuMemAlloc`, and new pinned
+/// pages are refused.
 fn set_window_flags(stream: &mut ServerStream, open: bool) {
     stream.gpu.storage().hold_frees(open);
     stream.gpu.storage().set_capturing(open);
