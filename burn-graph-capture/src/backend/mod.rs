@@ -1,7 +1,7 @@
 //! The `GraphCapture<B>` backend decorator.
 //!
 //! It forwards every op to `B` unchanged (same primitives, same kernels) and, while a
-//! [`CaptureSession`](session::CaptureSession) is open on the calling thread, records the
+//! [`CaptureSession`] is open on the calling thread, records the
 //! op signature and the capture breakers of the step that runs.
 
 mod base;
