@@ -67,14 +67,8 @@ fn sgd_momentum_replays_equal_eager<G: Stack>() {
     replayed_equals_eager::<G, _>("sgd+momentum", 2e-2, sgd_momentum::<G>);
 }
 
-// The stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
-stack_tests!(fused: burn_graph_capture::CudaFused;
-    adam_replays_equal_eager,
-    adamw_replays_equal_eager,
-    sgd_momentum_replays_equal_eager,
-);
-
-stack_tests!(cube: burn_graph_capture::CudaCube;
+// On the stack (Fusion over CubeCL on this runtime) and on plain CubeCL.
+stack_tests!(
     adam_replays_equal_eager,
     adamw_replays_equal_eager,
     sgd_momentum_replays_equal_eager,

@@ -291,17 +291,8 @@ fn a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly<G: Stack>() {
     Comparison::of(&graphed, &eager).check(&case::<G>("smaller last batch"), TOLERANCE);
 }
 
-// The stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
-stack_tests!(fused: burn_graph_capture::CudaFused;
-    shared_parameter_runs_eagerly,
-    a_trainer_made_from_a_graphed_trainers_model_keeps_its_values,
-    eager_work_between_replays_does_not_corrupt_them,
-    dropping_a_trainer_with_replays_in_flight_is_safe,
-    into_parts_with_replays_in_flight_keeps_the_trained_model,
-    a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly,
-);
-
-stack_tests!(cube: burn_graph_capture::CudaCube;
+// On the stack (Fusion over CubeCL on this runtime) and on plain CubeCL.
+stack_tests!(
     shared_parameter_runs_eagerly,
     a_trainer_made_from_a_graphed_trainers_model_keeps_its_values,
     eager_work_between_replays_does_not_corrupt_them,

@@ -16,10 +16,15 @@
 //! tests share the device, and some count its live graphs.
 #![cfg(feature = "cuda")]
 
-/// Instantiates generic tests for one backend stack: `stack_tests!(cube: CudaCube; a, b)`
-/// makes the tests `cube::a` and `cube::b`, running `a::<CudaCube>()` and `b::<CudaCube>()`.
+/// Instantiates generic tests once per backend stack: `stack_tests!(a, b)` makes
+/// `fused::a` and `fused::b` running `a::<CudaFused>()` and `b::<CudaFused>()` (the issue's
+/// stack, Fusion over CubeCL on this runtime), and `cube::a`, `cube::b` on `CudaCube`.
 macro_rules! stack_tests {
-    ($stack:ident: $G:ty; $($test:ident),+ $(,)?) => {
+    ($($test:ident),+ $(,)?) => {
+        stack_tests!(@stack fused: burn_graph_capture::CudaFused; $($test),+);
+        stack_tests!(@stack cube: burn_graph_capture::CudaCube; $($test),+);
+    };
+    (@stack $stack:ident: $G:ty; $($test:ident),+) => {
         mod $stack {
             $(
                 #[test]

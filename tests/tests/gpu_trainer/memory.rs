@@ -58,7 +58,5 @@ fn memory_is_flat_over_1000_replays<G: Stack>() {
     );
 }
 
-// The stack (Fusion over CubeCL on this runtime), then the plain CubeCL one.
-stack_tests!(fused: burn_graph_capture::CudaFused; memory_is_flat_over_1000_replays);
-
-stack_tests!(cube: burn_graph_capture::CudaCube; memory_is_flat_over_1000_replays);
+// On the stack (Fusion over CubeCL on this runtime) and on plain CubeCL.
+stack_tests!(memory_is_flat_over_1000_replays);
