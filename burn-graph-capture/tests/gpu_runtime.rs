@@ -282,7 +282,7 @@ fn op_parity(test: &'static str, ours: &str, stock: &str) {
          choices (stock tuned {} keys afresh); {own_worst:e} against stock's own choices \
          (not asserted)",
         pinned.outputs.len(),
-        pinned.tuned
+        pinned.choices.len()
     );
     assert!(
         failures.is_empty(),
@@ -363,7 +363,7 @@ fn lstm_parity(test: &'static str, config: (usize, usize, usize), steps: usize) 
         stock[0],
         ours[steps - 1],
         stock[steps - 1],
-        pinned.tuned
+        pinned.choices.len()
     );
     assert!(worst <= 1e-5, "ours {ours:?}\nstock {stock:?}");
 }

@@ -72,11 +72,10 @@ pub fn write_outputs(outputs: &[Output]) {
     std::fs::write(path, json).expect("child writes its outputs");
 }
 
-/// What one child measured, and how many autotune keys it had to tune itself.
+/// What one child measured, and the choices autotune made there.
 pub struct ChildRun {
     pub outputs: Vec<Output>,
-    pub tuned: usize,
-    /// Autotune's "Fastest result" lines, for the log.
+    /// Autotune's "Fastest result" lines: one per key the child had to tune itself.
     pub choices: Vec<String>,
 }
 
@@ -164,7 +163,6 @@ impl Children {
         let bytes = std::fs::read(&out).expect("child wrote its outputs");
         ChildRun {
             outputs: serde_json::from_slice(&bytes).expect("child outputs parse"),
-            tuned: choices.len(),
             choices,
         }
     }
