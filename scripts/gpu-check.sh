@@ -7,9 +7,10 @@
 #       xz-compresses them into DEST (default: .gpu/ in this checkout), with this script.
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
-#       last. WHAT (default "all") is one of: all, smoke, tests, trainer, speed, ncu, torch,
-#       perf (= speed + ncu + torch), memcheck, memcheck-trainer (its GraphTrainer part
-#       alone), bench (= perf + the eager runtime bench),
+#       last. WHAT (default "all") is one of: all, smoke, tests (= runtime + trainer),
+#       runtime (gpu_runtime and gpu_capture), trainer, speed, ncu, torch,
+#       perf (= speed + ncu + torch), memcheck (= memcheck-runtime, on gpu_runtime and
+#       gpu_capture, + memcheck-trainer, on gpu_trainer), bench (= perf + the eager runtime bench),
 #       conformance (CubeCL's own suites, from the separate workspace conformance/),
 #       precision (matmul/sum of both stacks against an f64 reference).
 #
@@ -230,7 +231,7 @@ run() {
     # for both runtimes (about 150 s per LSTM configuration on the H200, 2026-11-30). The
     # autotune results persist under ./target, so later stages (the bench) start warm.
     local t_tests=${TESTS_TIMEOUT:-540} t_mem=${MEMCHECK_TIMEOUT:-540} t_bench=${BENCH_TIMEOUT:-300}
-    if [[ $what == all || $what == smoke || $what == tests || $what == memcheck ]]; then
+    if [[ $what == all || $what == smoke || $what == tests || $what == runtime || $what == memcheck* ]]; then
         # Parity tests run ours in child processes whose autotune results then seed stock's
         # (tests/gpu_common/child.rs); keep ours' results in the carried cache, so each
         # shape is tuned once across tests, binaries and runs.
@@ -241,7 +242,7 @@ run() {
         timeout 200 "$bin/gpu_runtime" --ignored --test-threads=1 --nocapture smoke random_and_sync op_parity_plain 2>&1 | tee "$out/smoke.log"
         status[smoke]=${PIPESTATUS[0]}
     fi
-    if [[ $what == all || $what == tests ]]; then
+    if [[ $what == all || $what == tests || $what == runtime ]]; then
         # One test at a time: tests share the device servers, and timings inside autotune
         # are distorted by neighbours.
         timeout "$t_tests" "$bin/gpu_runtime" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/tests.log"
@@ -284,7 +285,7 @@ run() {
             status[conformance]="no stock test passed"
         fi
     fi
-    if [[ $what == all || $what == memcheck ]]; then
+    if [[ $what == all || $what == memcheck || $what == memcheck-runtime ]]; then
         # Last: under the sanitizer every kernel runs 10-100x slower, so only the small tests.
         # The parity tests measure in child processes: the sanitizer follows them too.
         timeout "$t_mem" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 17 --print-limit 20 \
@@ -359,5 +360,5 @@ conformance_table() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|trainer|speed|ncu|torch|perf|memcheck|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac
