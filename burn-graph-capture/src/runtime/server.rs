@@ -240,12 +240,7 @@ impl CudaGraphServer {
         let metadata_binding = metadata.as_ref().map(|handle| handle.clone().binding());
         for binding in args.buffers.into_iter().chain(metadata_binding) {
             let slice = resource(stream, binding.clone())?;
-            // Inside a window the graph keeps every buffer it touches (I1); buffers of its
-            // private pool are kept by the pool, which the graph owns.
-            let pooled = stream.in_window_pool(&binding.stream);
-            if !pooled && let Some(window) = &mut stream.window {
-                window.retention.keep(binding, slice.ptr, slice.size);
-            }
+            stream.keep_for_window(binding, &slice);
             pointers.push(slice.ptr);
         }
         let mut params: Vec<*mut c_void> = pointers
@@ -657,19 +652,16 @@ impl ServerCommunication for CudaGraphServer {
     const SERVER_COMM_ENABLED: bool = false;
 }
 
-/// Sets or clears what a capture window changes on the stream's storages: page frees are
-/// held, new device and arena pages come from relaxed-mode `cuMemAlloc`, and new pinned
-/// pages are refused.
-fn set_window_flags(stream: &mut ServerStream, open: bool) {
+/// Sets or clears what a capture window changes on the stream's storages, the window's
+/// private `pool` included: page frees are held, new device, arena and pool pages come
+/// from relaxed-mode `cuMemAlloc`, and new pinned pages are refused. Clearing flushes the
+/// pool's held frees.
+fn set_window_flags(stream: &mut ServerStream, pool: Option<StreamId>, open: bool) {
     stream.gpu.storage().hold_frees(open);
     stream.gpu.storage().set_capturing(open);
     stream.arena.storage().hold_frees(open);
     stream.arena.storage().set_capturing(open);
     stream.pinned.storage().refuse_allocs(open);
-}
-
-/// Sets or clears the window flags on the storage of the window's private pool, if any.
-fn set_pool_window_flags(stream: &mut ServerStream, pool: Option<StreamId>, open: bool) {
     if let Some(memory) = pool.and_then(|pool| stream.graph_pools.get_mut(&pool)) {
         memory.storage().hold_frees(open);
         memory.storage().set_capturing(open);
@@ -757,15 +749,13 @@ impl CudaGraphServer {
             let (cuda, props) = (stream.stream.clone(), stream.memory_props.clone());
             stream.graph_pools.open(pool, cuda, &props, logger);
         }
-        set_window_flags(stream, true);
-        set_pool_window_flags(stream, pool, true);
+        set_window_flags(stream, pool, true);
         // "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: ... potentially unsafe API calls are
         // prohibited only from this thread": the worker thread is the only one that records.
         if let Err(err) =
             cuda_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         {
-            set_window_flags(stream, false);
-            set_pool_window_flags(stream, pool, false);
+            set_window_flags(stream, pool, false);
             if let Some(pool) = pool {
                 stream.graph_pools.retire(&pool);
             }
@@ -788,8 +778,7 @@ impl CudaGraphServer {
             return Err(CaptureError::NotCapturing);
         };
         let ended = stream.stream.end_capture(CUgraphInstantiate_flags(0));
-        set_window_flags(stream, false);
-        set_pool_window_flags(stream, window.pool, false);
+        set_window_flags(stream, window.pool, false);
         let graph = match (window.broken.take(), ended) {
             (Some(err), _) => Err(err),
             (None, Err(err)) => Err(CaptureError::driver(
@@ -969,12 +958,8 @@ impl CudaGraphServer {
             }
             return Err(err);
         }
-        for (binding, slice) in [(src, from), (dst, to)] {
-            let pooled = stream.in_window_pool(&binding.stream);
-            if !pooled && let Some(window) = &mut stream.window {
-                window.retention.keep(binding, slice.ptr, slice.size);
-            }
-        }
+        stream.keep_for_window(src, &from);
+        stream.keep_for_window(dst, &to);
         Ok(())
     }
 

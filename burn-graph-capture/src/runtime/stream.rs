@@ -13,12 +13,12 @@ use super::{
     capture::CaptureWindow,
     fence::Fence,
     graph_pool::GraphPools,
-    storage::{GpuStorage, PinnedStorage},
+    storage::{GpuResource, GpuStorage, PinnedStorage},
 };
 use cubecl_common::bytes::Bytes;
 use cubecl_common::stream_id::StreamId;
 use cubecl_core::ir::MemoryDeviceProperties;
-use cubecl_core::server::ServerError;
+use cubecl_core::server::{Binding, ServerError};
 use cubecl_runtime::memory_management::{MemoryManagement, drop_queue::PendingDropQueue};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -71,12 +71,15 @@ impl ServerStream {
         }
     }
 
-    /// Whether `owner`'s handles live in the open window's private pool (the graph owns
-    /// that pool whole, so its bindings need no retention of their own).
-    pub fn in_window_pool(&self, owner: &StreamId) -> bool {
-        self.window
-            .as_ref()
-            .is_some_and(|window| window.pool.as_ref() == Some(owner))
+    /// Inside a window, keeps a binding that a recorded launch or copy uses for the
+    /// graph's lifetime (I1), unless it lives in the window's private pool: the graph owns
+    /// that pool whole, so its bindings need no retention of their own.
+    pub fn keep_for_window(&mut self, binding: Binding, slice: &GpuResource) {
+        if let Some(window) = &mut self.window
+            && window.pool.as_ref() != Some(&binding.stream)
+        {
+            window.retention.keep(binding, slice.ptr, slice.size);
+        }
     }
 
     /// Whether a capture window is open.
