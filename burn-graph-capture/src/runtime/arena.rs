@@ -11,7 +11,7 @@
 
 use super::storage::GpuStorage;
 use cubecl_common::stream_id::StreamId;
-use cubecl_core::{MemoryConfiguration, ir::MemoryDeviceProperties};
+use cubecl_core::ir::MemoryDeviceProperties;
 use cubecl_runtime::{
     logging::ServerLogger,
     memory_management::{
@@ -38,10 +38,9 @@ pub fn new_arena(
     props: &MemoryDeviceProperties,
     logger: Arc<ServerLogger>,
 ) -> MemoryManagement<GpuStorage> {
-    MemoryManagement::from_configuration(
-        GpuStorage::new(stream, props.alignment as usize),
+    GpuStorage::pool(
+        stream,
         props,
-        MemoryConfiguration::default(),
         logger,
         MemoryManagementOptions::new("CudaGraph arena").mode(MemoryAllocationMode::Persistent),
     )

@@ -16,7 +16,7 @@
 
 use super::storage::GpuStorage;
 use cubecl_common::stream_id::StreamId;
-use cubecl_core::{MemoryConfiguration, ir::MemoryDeviceProperties};
+use cubecl_core::ir::MemoryDeviceProperties;
 use cubecl_runtime::{
     logging::ServerLogger,
     memory_management::{MemoryManagement, MemoryManagementOptions},
@@ -66,10 +66,9 @@ impl GraphPools {
         props: &MemoryDeviceProperties,
         logger: Arc<ServerLogger>,
     ) {
-        let memory = MemoryManagement::from_configuration(
-            GpuStorage::new(cuda_stream, props.alignment as usize),
+        let memory = GpuStorage::pool(
+            cuda_stream,
             props,
-            MemoryConfiguration::default(),
             logger,
             MemoryManagementOptions::new("CudaGraph graph pool"),
         );

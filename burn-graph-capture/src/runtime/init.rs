@@ -103,10 +103,9 @@ pub fn try_init_server(device_id: DeviceId) -> Result<CudaGraphServer, InitError
         .map_err(|e| InitError::driver("cuStreamCreate", e))?;
 
     let logger = Arc::new(ServerLogger::default());
-    let gpu = MemoryManagement::from_configuration(
-        GpuStorage::new(stream.clone(), mem_props.alignment as usize),
+    let gpu = GpuStorage::pool(
+        stream.clone(),
         &mem_props,
-        MemoryConfiguration::default(),
         logger.clone(),
         MemoryManagementOptions::new("CudaGraph device memory"),
     );

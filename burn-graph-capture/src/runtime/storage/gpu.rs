@@ -2,8 +2,12 @@
 
 use crate::runtime::error::io_err;
 use cubecl_common::backtrace::BackTrace;
-use cubecl_core::server::IoError;
-use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use cubecl_core::{MemoryConfiguration, ir::MemoryDeviceProperties, server::IoError};
+use cubecl_runtime::{
+    logging::ServerLogger,
+    memory_management::{MemoryManagement, MemoryManagementOptions},
+    storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization},
+};
 use cudarc::driver::sys::{self, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaStream, DriverError, result,
@@ -66,6 +70,23 @@ impl GpuStorage {
             capturing: false,
             refused_bytes: None,
         }
+    }
+
+    /// A CubeCL pool over device pages of `stream`, laid out as `props` says. The server's
+    /// normal pools, the arena and the graph pools differ only in their `options`.
+    pub fn pool(
+        stream: Arc<CudaStream>,
+        props: &MemoryDeviceProperties,
+        logger: Arc<ServerLogger>,
+        options: MemoryManagementOptions,
+    ) -> MemoryManagement<Self> {
+        MemoryManagement::from_configuration(
+            Self::new(stream, props.alignment as usize),
+            props,
+            MemoryConfiguration::default(),
+            logger,
+            options,
+        )
     }
 
     /// Holds (or releases) page frees. While held, `flush` frees nothing; the queue is
