@@ -4,6 +4,9 @@
 //! the inner backend and, while a [`CaptureSession`] is open, records the step's op
 //! signature and the ops that would break a CUDA graph.
 
+// The derive names this crate by path, including in this crate's own tests.
+extern crate self as burn_graph_capture;
+
 pub mod backend;
 pub mod optim;
 #[cfg(feature = "cuda")]
@@ -11,12 +14,23 @@ pub mod runtime;
 pub mod step;
 
 pub use backend::{
-    BreakerKind, BufferId, CaptureBreaker, CaptureSession, GraphBackend, GraphCapture, GraphError,
-    NoGraph, OpRecord, OpSignature, Recording, RuntimeFailure, TensorSig,
+    Allocated, AllocationId, AnyTensor, BreakerKind, BufferId, CaptureBreaker, CaptureSession,
+    ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph, OpRecord, OpSignature,
+    Recording, RuntimeFailure, TensorSig, TrainBackend,
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
 pub use step::{
-    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepInput, StepMode, StepOutcome,
-    TrainBackend, TrainerReport,
+    FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepError, StepInput, StepMode,
+    StepOutcome, TrainerReport,
 };
+
+/// `#[derive(StepInput)]` for batch structs; see [`StepInput`](trait@StepInput).
+pub use burn_graph_capture_derive::StepInput;
+
+/// Paths the derive's generated code uses; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::step::hash_key_value;
+    pub use burn::tensor::backend::AutodiffBackend;
+}

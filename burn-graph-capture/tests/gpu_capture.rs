@@ -10,6 +10,7 @@ mod gpu_common;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use burn_graph_capture::{
+    AnyTensor, BufferId, GraphError,
     backend::GraphBackend,
     runtime::{
         CaptureError, CudaGraphDevice, CudaGraphRuntime, capture_begin, capture_end, with_server,
@@ -29,6 +30,21 @@ fn dev() -> CudaGraphDevice {
 
 fn prim(t: Tensor<B, 1>) -> Prim {
     t.into_primitive().tensor()
+}
+
+fn pin(p: Prim) -> Result<Prim, GraphError> {
+    B::pin(AnyTensor::Float(p)).map(|t| t.into_float().expect("a float tensor"))
+}
+
+fn copy_into(dst: &Prim, src: &Prim) -> Result<(), GraphError> {
+    B::copy_into(
+        &AnyTensor::Float(dst.clone()),
+        &AnyTensor::Float(src.clone()),
+    )
+}
+
+fn buffer_id(p: &Prim) -> Option<BufferId> {
+    B::buffer_id(&AnyTensor::Float(p.clone()))
 }
 
 fn wrap(p: Prim) -> Tensor<B, 1> {
@@ -64,17 +80,17 @@ fn eager_churn(seed: u64) {
 
 /// Pinned input `x`, pinned output `out`, and a graph of `out <- step(x)`.
 fn captured() -> (Prim, Prim, <B as GraphBackend>::Graph) {
-    let x = B::pin(prim(input(1))).expect("pin x");
-    let out = B::pin(prim(Tensor::zeros([N], &dev()))).expect("pin out");
+    let x = pin(prim(input(1))).expect("pin x");
+    let out = pin(prim(Tensor::zeros([N], &dev()))).expect("pin out");
     // Warmup: compile every kernel of the step and fill the pools.
     for _ in 0..2 {
         let y = step(wrap(x.clone()));
-        B::copy_into(&out, &prim(y)).expect("eager copy_into");
+        copy_into(&out, &prim(y)).expect("eager copy_into");
         let _ = host(wrap(out.clone()));
     }
     let ((), graph) = B::capture(&dev(), || {
         let y = step(wrap(x.clone()));
-        B::copy_into(&out, &prim(y)).expect("recorded copy_into");
+        copy_into(&out, &prim(y)).expect("recorded copy_into");
     })
     .expect("capture_begin");
     (x, out, graph.expect("capture_end"))
@@ -93,12 +109,12 @@ fn c1_replays_match_eager_bit_for_bit_with_eager_churn_between() {
         info.pool_bytes > 0,
         "intermediates in the private pool: {info:?}"
     );
-    let x_id = B::buffer_id(&x).expect("buffer id");
-    let out_id = B::buffer_id(&out).expect("buffer id");
+    let x_id = buffer_id(&x).expect("buffer id");
+    let out_id = buffer_id(&out).expect("buffer id");
     let mut worst = 0usize;
     for i in 0..100u64 {
         let xi = input(1000 + i);
-        B::copy_into(&x, &prim(xi.clone())).expect("eager copy_into");
+        copy_into(&x, &prim(xi.clone())).expect("eager copy_into");
         eager_churn(i);
         B::replay(&graph).expect("replay");
         // Eager allocations between the replay and the read (the hazard).
@@ -117,8 +133,8 @@ fn c1_replays_match_eager_bit_for_bit_with_eager_churn_between() {
         );
     }
     // Pinned buffers kept their identity.
-    assert_eq!(B::buffer_id(&x), Some(x_id));
-    assert_eq!(B::buffer_id(&out), Some(out_id));
+    assert_eq!(buffer_id(&x), Some(x_id));
+    assert_eq!(buffer_id(&out), Some(out_id));
     println!("capture c1: 100 replays, bit-exact vs eager, worst differing values {worst}");
 }
 
@@ -204,7 +220,7 @@ fn c4_dropping_a_graph_right_after_queued_replays_is_safe() {
     let (x, out, graph) = captured();
     let graphs_before = with_server(&dev(), |s| s.graph_count()).unwrap();
     let pools_before = with_server(&dev(), |s| s.graph_pool_count()).unwrap();
-    B::copy_into(&x, &prim(input(77))).unwrap();
+    copy_into(&x, &prim(input(77))).unwrap();
     for _ in 0..50 {
         B::replay(&graph).expect("replay");
     }

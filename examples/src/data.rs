@@ -5,32 +5,16 @@
 //! Batches come from a seeded RNG, so every backend sees the same data.
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::FloatTensor;
 use burn_graph_capture::StepInput;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-/// One batch: inputs `[batch, time, d_input]` and targets `[batch, time, 1]`.
-#[derive(Clone, Debug)]
+/// One batch: inputs `[batch, time, d_input]` and targets `[batch, time, 1]`. The
+/// trainer keys graphs by, checks and copies both tensors (`StepInput`).
+#[derive(Clone, Debug, StepInput)]
 pub struct Batch<B: Backend> {
     pub x: Tensor<B, 3>,
     pub y: Tensor<B, 3>,
-}
-
-/// The trainer keys graphs by, and checks, the batch's two tensors.
-impl<B: AutodiffBackend> StepInput<B> for Batch<B> {
-    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
-        (self.x.clone(), self.y.clone()).float_tensors()
-    }
-
-    fn with_float_tensors(
-        &self,
-        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
-    ) -> Self {
-        let (x, y) = (self.x.clone(), self.y.clone()).with_float_tensors(tensors);
-        Batch { x, y }
-    }
 }
 
 /// Generator of sine-forecasting batches.

@@ -5,7 +5,9 @@
 
 pub mod data;
 pub mod model;
+pub mod token;
 pub mod train;
 
 pub use data::{Batch, SineTask};
 pub use model::{LstmRegressor, LstmRegressorConfig};
+pub use token::{CharLm, CharLmConfig, TokenBatch, TokenTask};

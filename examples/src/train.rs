@@ -34,7 +34,7 @@ where
 }
 
 /// Every float parameter's values, in visiting order, as `f32`.
-pub fn parameter_values<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<f32>> {
+pub fn parameter_values<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
     struct Collect(Vec<Vec<f32>>);
     impl<B: Backend> ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -48,7 +48,7 @@ pub fn parameter_values<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<f32>> {
 }
 
 /// Every float parameter's bit pattern: equal vectors mean bit-equal parameters.
-pub fn parameter_bits<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<u32>> {
+pub fn parameter_bits<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<u32>> {
     parameter_values(model)
         .into_iter()
         .map(|p| p.into_iter().map(f32::to_bits).collect())
@@ -56,7 +56,7 @@ pub fn parameter_bits<B: Backend>(model: &LstmRegressor<B>) -> Vec<Vec<u32>> {
 }
 
 /// The model's parameters as record bytes, to rebuild it on any backend.
-pub fn to_bytes<B: Backend>(model: LstmRegressor<B>) -> Vec<u8> {
+pub fn to_bytes<B: Backend, M: Module<B>>(model: M) -> Vec<u8> {
     BinBytesRecorder::<FullPrecisionSettings>::default()
         .record(model.into_record(), ())
         .expect("recording parameters into memory cannot fail")
@@ -71,8 +71,13 @@ pub fn from_bytes<B: Backend>(
     bytes: Vec<u8>,
     device: &B::Device,
 ) -> LstmRegressor<B> {
+    load_bytes(config.init::<B>(device), bytes, device)
+}
+
+/// `model` (freshly built, of the same structure) with the parameters saved in `bytes`.
+pub fn load_bytes<B: Backend, M: Module<B>>(model: M, bytes: Vec<u8>, device: &B::Device) -> M {
     let record = BinBytesRecorder::<FullPrecisionSettings>::default()
         .load(bytes, device)
         .expect("bytes written by `to_bytes` load back");
-    config.init::<B>(device).load_record(record)
+    model.load_record(record)
 }

@@ -53,6 +53,19 @@ pub enum OpClass {
 }
 
 impl OpClass {
+    /// The class as the table writes it. A device transfer names how to read the
+    /// tensor's device and the two arguments, so that a same-device move (a no-op)
+    /// is not recorded as a breaker.
+    pub fn table_text(self, op: &str) -> String {
+        match self {
+            OpClass::DeviceTransfer => {
+                let prefix = op.trim_end_matches("_to_device");
+                format!("DeviceTransfer({prefix}_device, tensor, device)")
+            }
+            other => other.as_str().to_string(),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             OpClass::Op => "Op",
@@ -105,8 +118,14 @@ impl ArgKind {
     }
 }
 
+/// What a method returns, for recording the allocations it produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReturnKind {
+    /// One tensor primitive.
+    Tensor,
+    /// A tuple of two tensor primitives.
+    Pair,
+    /// No tensor the step could read later (devices, flags, futures of host data).
     Plain,
     Relabel,
     Unsupported,
@@ -115,6 +134,8 @@ pub enum ReturnKind {
 impl ReturnKind {
     pub fn as_str(self) -> &'static str {
         match self {
+            ReturnKind::Tensor => "tensor",
+            ReturnKind::Pair => "pair",
             ReturnKind::Plain => "plain",
             ReturnKind::Relabel => "relabel",
             ReturnKind::Unsupported => "unsupported",
@@ -168,6 +189,15 @@ pub fn classify_arg(ty: &Type) -> ArgKind {
 }
 
 pub fn classify_return(ty: &Type) -> ReturnKind {
+    if is_tensor(ty) {
+        return ReturnKind::Tensor;
+    }
+    if let Type::Tuple(tuple) = ty
+        && tuple.elems.len() == 2
+        && tuple.elems.iter().all(is_tensor)
+    {
+        return ReturnKind::Pair;
+    }
     if !generic_over_self(ty) {
         return ReturnKind::Plain;
     }
@@ -175,6 +205,10 @@ pub fn classify_return(ty: &Type) -> ReturnKind {
         Some(ident) if RELABELLED.contains(&ident.as_str()) => ReturnKind::Relabel,
         _ => ReturnKind::Unsupported,
     }
+}
+
+fn is_tensor(ty: &Type) -> bool {
+    outer_ident(ty).is_some_and(|i| TENSORS.contains(&i.as_str()))
 }
 
 fn outer_ident(ty: &Type) -> Option<String> {
@@ -256,12 +290,23 @@ mod tests {
     }
 
     #[test]
+    fn device_transfers_name_their_device_reader() {
+        assert_eq!(
+            OpClass::DeviceTransfer.table_text("q_to_device"),
+            "DeviceTransfer(q_device, tensor, device)"
+        );
+        assert_eq!(OpClass::Rng.table_text("float_random"), "Rng");
+    }
+
+    #[test]
     fn returns_are_classified() {
-        assert_eq!(classify_return(&ty("FloatTensor<B>")), ReturnKind::Plain);
+        assert_eq!(classify_return(&ty("FloatTensor<B>")), ReturnKind::Tensor);
         assert_eq!(
             classify_return(&ty("(FloatTensor<B>, IntTensor<B>)")),
-            ReturnKind::Plain
+            ReturnKind::Pair
         );
+        assert_eq!(classify_return(&ty("bool")), ReturnKind::Plain);
+        assert_eq!(classify_return(&ty("Device<B>")), ReturnKind::Plain);
         assert_eq!(
             classify_return(&ty("MaxPool2dWithIndices<B>")),
             ReturnKind::Relabel

@@ -209,7 +209,7 @@ fn method_line(trait_name: &str, method: &syn::TraitItemFn) -> Result<String, St
     }
     Ok(format!(
         "[{}] fn {name}({}) -> {ret} as {};",
-        classify_op(&name).as_str(),
+        classify_op(&name).table_text(&name),
         args.join(", "),
         ret_kind.as_str()
     ))

@@ -29,6 +29,13 @@ impl<B: Backend> BackendTypes for GraphCapture<B> {
     type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
 }
 
+/// The backend a trainer runs its steps on: autodiff over the decorator over `G`.
+///
+/// The decorator is not optional: without it the trainer could not see the step's op
+/// signature, its capture breakers or the tensors it reads, and could not tell a static
+/// step from one that would replay wrongly.
+pub type TrainBackend<G> = burn::backend::Autodiff<GraphCapture<G>>;
+
 /// Records a host-level call that breaks captures.
 fn record_breaker(op: &'static str, kind: BreakerKind) {
     if session::is_recording() {
@@ -36,7 +43,7 @@ fn record_breaker(op: &'static str, kind: BreakerKind) {
     }
 }
 
-impl<B: Backend> Backend for GraphCapture<B> {
+impl<B: super::GraphBackend> Backend for GraphCapture<B> {
     fn ad_enabled(device: &Self::Device) -> bool {
         B::ad_enabled(device)
     }

@@ -2,10 +2,9 @@
 
 #[cfg(feature = "flex")]
 mod flex {
-    use burn_backend::tensor::FloatTensor;
     use burn_flex::Flex;
 
-    use crate::backend::{BufferId, GraphBackend, GraphError, NoGraph};
+    use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
 
     impl GraphBackend for Flex {
         type Graph = NoGraph;
@@ -25,18 +24,20 @@ mod flex {
             match *graph {}
         }
 
-        fn pin(_tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
+        fn pin(_tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
             Err(GraphError::NoArena)
         }
 
-        fn copy_into(_dst: &FloatTensor<Self>, _src: &FloatTensor<Self>) -> Result<(), GraphError> {
+        fn copy_into(_dst: &AnyTensor<Self>, _src: &AnyTensor<Self>) -> Result<(), GraphError> {
             Err(GraphError::NoArena)
         }
 
-        /// Flex tensors share their bytes through an `Arc`; its address is the identity.
-        fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
-            let storage = tensor.data_arc();
-            Some(BufferId(std::sync::Arc::as_ptr(&storage) as usize as u64))
+        /// Flex tensors share their bytes through an `Arc`: its address.
+        fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
+            let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
+            Some(BufferId(
+                std::sync::Arc::as_ptr(&t.data_arc()) as usize as u64
+            ))
         }
     }
 }

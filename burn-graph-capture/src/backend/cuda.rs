@@ -5,10 +5,10 @@
 //! live in the runtime's arena; `copy_into` is a device-to-device copy on the stream, which
 //! a capture window records like any launch.
 
-use burn_backend::{TensorMetadata, tensor::FloatTensor};
+use burn_backend::TensorMetadata;
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 
-use crate::backend::{BufferId, GraphBackend, GraphError, RuntimeFailure};
+use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure};
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
     capture_end, capture_stream, with_server,
@@ -107,28 +107,32 @@ impl GraphBackend for CudaCube {
         graph.replay().map_err(runtime_err)
     }
 
-    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
-        let tensor = contiguous(tensor);
-        let bytes = value_bytes(&tensor);
-        let src = tensor.handle.clone().binding();
-        let device = tensor.device;
-        let handle = with_server(&device, move |server| {
-            let handle = server.arena_alloc(bytes)?;
-            server.copy_device(src, handle.clone().binding(), bytes)?;
-            Ok::<_, CaptureError>(handle)
+    fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        map_cube(tensor, |tensor| {
+            let tensor = contiguous(tensor);
+            let bytes = value_bytes(&tensor);
+            let src = tensor.handle.clone().binding();
+            let device = tensor.device;
+            let handle = with_server(&device, move |server| {
+                let handle = server.arena_alloc(bytes)?;
+                server.copy_device(src, handle.clone().binding(), bytes)?;
+                Ok::<_, CaptureError>(handle)
+            })
+            .and_then(|r| r)
+            .map_err(runtime_err)?;
+            Ok(CubeTensor::new_contiguous(
+                tensor.client.clone(),
+                device,
+                tensor.shape(),
+                handle,
+                tensor.dtype,
+            ))
         })
-        .and_then(|r| r)
-        .map_err(runtime_err)?;
-        Ok(CubeTensor::new_contiguous(
-            tensor.client.clone(),
-            device,
-            tensor.shape(),
-            handle,
-            tensor.dtype,
-        ))
     }
 
-    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
+    fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
+        same_kind(dst, src)?;
+        let (dst, src) = (cube(dst), cube(src));
         if dst.shape() != src.shape() || dst.dtype != src.dtype {
             return Err(GraphError::CopyMismatch(format!(
                 "dst {:?} {:?}, src {:?} {:?}",
@@ -153,13 +157,47 @@ impl GraphBackend for CudaCube {
         .map_err(runtime_err)
     }
 
-    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
+    fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
+        let tensor = cube(tensor);
         let binding = tensor.handle.clone().binding();
         with_server(&tensor.device, move |server| server.buffer_address(binding))
             .ok()?
             .ok()
             .map(BufferId)
     }
+}
+
+/// The CubeCL tensor behind any kind: all three are `CubeTensor`s.
+fn cube(tensor: &AnyTensor<CudaCube>) -> &CubeTensor<CudaGraphRuntime> {
+    let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
+    t
+}
+
+/// Applies `f` to the CubeCL tensor behind `tensor`, keeping its kind.
+fn map_cube(
+    tensor: AnyTensor<CudaCube>,
+    f: impl FnOnce(CubeTensor<CudaGraphRuntime>) -> Result<CubeTensor<CudaGraphRuntime>, GraphError>,
+) -> Result<AnyTensor<CudaCube>, GraphError> {
+    Ok(match tensor {
+        AnyTensor::Float(t) => AnyTensor::Float(f(t)?),
+        AnyTensor::Int(t) => AnyTensor::Int(f(t)?),
+        AnyTensor::Bool(t) => AnyTensor::Bool(f(t)?),
+    })
+}
+
+/// The two tensors of a copy must be of one kind.
+pub(crate) fn same_kind<B: burn_backend::Backend>(
+    dst: &AnyTensor<B>,
+    src: &AnyTensor<B>,
+) -> Result<(), GraphError> {
+    if dst.kind() != src.kind() {
+        return Err(GraphError::CopyMismatch(format!(
+            "dst is a {} tensor, src a {} tensor",
+            dst.kind(),
+            src.kind()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

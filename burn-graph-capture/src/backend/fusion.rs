@@ -10,12 +10,10 @@
 //! Steps must run on one thread: fusion keeps one queue per thread, and only the caller's
 //! queue is drained.
 
-use burn_backend::TensorMetadata;
-use burn_backend::tensor::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend, FusionTensor, NoOp, client::GlobalFusionClient};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
-use crate::backend::{BufferId, GraphBackend, GraphError};
+use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
 
 /// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.
 #[cfg(feature = "cuda")]
@@ -27,17 +25,25 @@ fn drain<B: FusionBackend>(device: &B::Device) {
 }
 
 /// B's tensor behind `tensor`, with `tensor` still owning it.
-fn resolve<B: FusionBackend>(tensor: &FusionTensor<B::FusionRuntime>) -> FloatTensor<B> {
-    tensor.client.resolve_tensor_float::<B>(tensor.clone())
+fn resolve<B: FusionBackend>(tensor: &AnyTensor<Fusion<B>>) -> AnyTensor<B> {
+    match tensor {
+        AnyTensor::Float(t) => AnyTensor::Float(t.client.resolve_tensor_float::<B>(t.clone())),
+        AnyTensor::Int(t) => AnyTensor::Int(t.client.resolve_tensor_int::<B>(t.clone())),
+        AnyTensor::Bool(t) => AnyTensor::Bool(t.client.resolve_tensor_bool::<B>(t.clone())),
+    }
 }
 
 /// Wraps B's tensor in a fusion tensor, as `Fusion::float_from_data` does.
 fn register<B: FusionBackend>(
     client: &GlobalFusionClient<B::FusionRuntime>,
-    tensor: FloatTensor<B>,
+    tensor: AnyTensor<B>,
 ) -> FusionTensor<B::FusionRuntime> {
     let (shape, dtype) = (tensor.shape(), tensor.dtype());
-    let handle = B::float_tensor_handle(tensor);
+    let handle = match tensor {
+        AnyTensor::Float(t) => B::float_tensor_handle(t),
+        AnyTensor::Int(t) => B::int_tensor_handle(t),
+        AnyTensor::Bool(t) => B::bool_tensor_handle(t),
+    };
     let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
     client
         .register(
@@ -46,6 +52,12 @@ fn register<B: FusionBackend>(
             NoOp::<B>::new(),
         )
         .output()
+}
+
+/// The fusion tensor behind any kind: all three are `FusionTensor`s.
+fn fused<B: FusionBackend>(tensor: &AnyTensor<Fusion<B>>) -> &FusionTensor<B::FusionRuntime> {
+    let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
+    t
 }
 
 /// B's graph with the device it was captured on, whose fusion queue a replay drains.
@@ -93,23 +105,31 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         B::replay(&graph.graph)
     }
 
-    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
+    fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         let pinned = B::pin(resolve::<B>(&tensor))?;
-        Ok(register::<B>(&tensor.client, pinned))
+        let client = &fused(&tensor).client;
+        let registered = register::<B>(client, pinned);
+        Ok(match tensor {
+            AnyTensor::Float(_) => AnyTensor::Float(registered),
+            AnyTensor::Int(_) => AnyTensor::Int(registered),
+            AnyTensor::Bool(_) => AnyTensor::Bool(registered),
+        })
     }
 
-    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
-        if dst.shape != src.shape || dst.dtype != src.dtype {
+    fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
+        super::cuda::same_kind(dst, src)?;
+        let (d, s) = (fused(dst), fused(src));
+        if d.shape != s.shape || d.dtype != s.dtype {
             return Err(GraphError::CopyMismatch(format!(
                 "dst {:?} {:?}, src {:?} {:?}",
-                dst.shape, dst.dtype, src.shape, src.dtype
+                d.shape, d.dtype, s.shape, s.dtype
             )));
         }
-        drain::<B>(dst.client.device());
+        drain::<B>(d.client.device());
         B::copy_into(&resolve::<B>(dst), &resolve::<B>(src))
     }
 
-    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
+    fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
         B::buffer_id(&resolve::<B>(tensor))
     }
 }

@@ -5,8 +5,10 @@
 //! eager, every guard still exercised).
 
 use burn_backend::Backend;
-use burn_backend::tensor::FloatTensor;
 use serde::{Deserialize, Serialize};
+
+use super::identity::Allocated;
+use super::primitive::AnyTensor;
 
 /// Identity of a tensor's storage, stable while that storage lives.
 ///
@@ -66,7 +68,17 @@ pub enum RuntimeFailure {
 }
 
 /// Capture, replay and pinning, as an inner backend provides them.
-pub trait GraphBackend: Backend {
+///
+/// Every tensor primitive names its allocation ([`Allocated`]), so that a capture
+/// session can tell which buffers a step reads without producing them.
+pub trait GraphBackend:
+    Backend<
+        FloatTensorPrimitive: Allocated,
+        IntTensorPrimitive: Allocated,
+        BoolTensorPrimitive: Allocated,
+        QuantizedTensorPrimitive: Allocated,
+    >
+{
     /// An instantiated, replayable graph. Dropping it releases the graph and everything
     /// retained for it, once the device has finished with it.
     type Graph: Send + 'static;
@@ -97,14 +109,14 @@ pub trait GraphBackend: Backend {
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
 
     /// Moves a tensor's values into the arena, where its address stays fixed.
-    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError>;
+    fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError>;
 
     /// Copies `src`'s values into the storage of `dst`, which must be pinned and of the
-    /// same shape and dtype. Inside a capture this is recorded as a device copy.
-    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError>;
+    /// same kind, shape and dtype. Inside a capture this is recorded as a device copy.
+    fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError>;
 
-    /// The identity of a tensor's storage, where the backend exposes one.
-    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId>;
+    /// The address of a tensor's storage, where the backend exposes one.
+    fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId>;
 }
 
 /// A graph that cannot exist: the type of graphs on backends without them.
@@ -134,15 +146,15 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
         B::replay(graph)
     }
 
-    fn pin(tensor: FloatTensor<Self>) -> Result<FloatTensor<Self>, GraphError> {
-        B::pin(tensor)
+    fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        B::pin(tensor.into_inner()).map(AnyTensor::from_inner)
     }
 
-    fn copy_into(dst: &FloatTensor<Self>, src: &FloatTensor<Self>) -> Result<(), GraphError> {
-        B::copy_into(dst, src)
+    fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
+        B::copy_into(&dst.clone().into_inner(), &src.clone().into_inner())
     }
 
-    fn buffer_id(tensor: &FloatTensor<Self>) -> Option<BufferId> {
-        B::buffer_id(tensor)
+    fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
+        B::buffer_id(&tensor.clone().into_inner())
     }
 }

@@ -12,16 +12,21 @@ mod forward;
 #[cfg(feature = "cuda")]
 mod fusion;
 mod graph_backend;
+mod identity;
 mod ops;
+mod primitive;
 mod relabel;
 pub mod session;
 
-pub use base::GraphCapture;
+pub use base::{GraphCapture, TrainBackend};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaCube;
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
 pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph, RuntimeFailure};
+pub use identity::{Allocated, AllocationId};
+pub use primitive::AnyTensor;
 pub use session::{
-    BreakerKind, CaptureBreaker, CaptureSession, OpRecord, OpSignature, Recording, TensorSig,
+    BreakerKind, CaptureBreaker, CaptureSession, ExternalRead, OpRecord, OpSignature, Recording,
+    TensorSig,
 };

@@ -4,26 +4,26 @@
 //! `MaxPool2dWithIndices<B>`, ...). Their fields are the same primitives on both sides,
 //! so relabelling is a field-by-field move with no copy.
 
+use burn_backend::TensorPrimitive;
 use burn_backend::ops::{
     DeformConv2dBackward, MaxPool1dBackward, MaxPool1dWithIndices, MaxPool2dBackward,
     MaxPool2dWithIndices, TransactionPrimitive,
 };
 use burn_backend::quantization::QuantizationParametersPrimitive;
-use burn_backend::{Backend, TensorPrimitive};
 
-use super::GraphCapture;
 use super::session::OpRecorder;
+use super::{GraphBackend, GraphCapture};
 
 /// A struct of `GraphCapture<B>` primitives that has a twin over `B`.
 pub(crate) trait Relabel {
     type Inner;
     fn to_inner(self) -> Self::Inner;
     fn from_inner(inner: Self::Inner) -> Self;
-    /// Records the tensors it carries as op inputs.
-    fn record(&self, recorder: &mut OpRecorder);
+    /// Records the tensors it carries as op inputs, or as outputs when `output`.
+    fn record(&self, recorder: &mut OpRecorder, output: bool);
 }
 
-impl<B: Backend> Relabel for TensorPrimitive<GraphCapture<B>> {
+impl<B: GraphBackend> Relabel for TensorPrimitive<GraphCapture<B>> {
     type Inner = TensorPrimitive<B>;
     fn to_inner(self) -> Self::Inner {
         match self {
@@ -37,15 +37,15 @@ impl<B: Backend> Relabel for TensorPrimitive<GraphCapture<B>> {
             TensorPrimitive::QFloat(t) => TensorPrimitive::QFloat(t),
         }
     }
-    fn record(&self, recorder: &mut OpRecorder) {
+    fn record(&self, recorder: &mut OpRecorder, output: bool) {
         match self {
-            TensorPrimitive::Float(t) => recorder.tensor(t),
-            TensorPrimitive::QFloat(t) => recorder.tensor(t),
+            TensorPrimitive::Float(t) => recorder.tensor_as(t, output),
+            TensorPrimitive::QFloat(t) => recorder.tensor_as(t, output),
         }
     }
 }
 
-impl<B: Backend> Relabel for QuantizationParametersPrimitive<GraphCapture<B>> {
+impl<B: GraphBackend> Relabel for QuantizationParametersPrimitive<GraphCapture<B>> {
     type Inner = QuantizationParametersPrimitive<B>;
     fn to_inner(self) -> Self::Inner {
         QuantizationParametersPrimitive {
@@ -57,14 +57,14 @@ impl<B: Backend> Relabel for QuantizationParametersPrimitive<GraphCapture<B>> {
             scales: inner.scales,
         }
     }
-    fn record(&self, recorder: &mut OpRecorder) {
-        recorder.tensor(&self.scales)
+    fn record(&self, recorder: &mut OpRecorder, output: bool) {
+        recorder.tensor_as(&self.scales, output)
     }
 }
 
 /// `execute_async` takes the transaction's ordering before calling `tr_execute`, so
 /// rebuilding it from its four lists loses nothing.
-impl<B: Backend> Relabel for TransactionPrimitive<GraphCapture<B>> {
+impl<B: GraphBackend> Relabel for TransactionPrimitive<GraphCapture<B>> {
     type Inner = TransactionPrimitive<B>;
     fn to_inner(self) -> Self::Inner {
         TransactionPrimitive::new(
@@ -82,18 +82,26 @@ impl<B: Backend> Relabel for TransactionPrimitive<GraphCapture<B>> {
             inner.read_bools,
         )
     }
-    fn record(&self, recorder: &mut OpRecorder) {
-        self.read_floats.iter().for_each(|t| recorder.tensor(t));
-        self.read_qfloats.iter().for_each(|t| recorder.tensor(t));
-        self.read_ints.iter().for_each(|t| recorder.tensor(t));
-        self.read_bools.iter().for_each(|t| recorder.tensor(t));
+    fn record(&self, recorder: &mut OpRecorder, output: bool) {
+        self.read_floats
+            .iter()
+            .for_each(|t| recorder.tensor_as(t, output));
+        self.read_qfloats
+            .iter()
+            .for_each(|t| recorder.tensor_as(t, output));
+        self.read_ints
+            .iter()
+            .for_each(|t| recorder.tensor_as(t, output));
+        self.read_bools
+            .iter()
+            .for_each(|t| recorder.tensor_as(t, output));
     }
 }
 
 /// Relabels output structs, whose fields are all primitives.
 macro_rules! relabel_outputs {
     ($($ty:ident { $($field:ident),* }),* $(,)?) => {$(
-        impl<B: Backend> Relabel for $ty<GraphCapture<B>> {
+        impl<B: GraphBackend> Relabel for $ty<GraphCapture<B>> {
             type Inner = $ty<B>;
             fn to_inner(self) -> Self::Inner {
                 $ty { $($field: self.$field),* }
@@ -101,8 +109,8 @@ macro_rules! relabel_outputs {
             fn from_inner(inner: Self::Inner) -> Self {
                 $ty { $($field: inner.$field),* }
             }
-            fn record(&self, recorder: &mut OpRecorder) {
-                $(recorder.tensor(&self.$field);)*
+            fn record(&self, recorder: &mut OpRecorder, output: bool) {
+                $(recorder.tensor_as(&self.$field, output);)*
             }
         }
     )*};
@@ -115,7 +123,7 @@ relabel_outputs!(
     MaxPool2dBackward { x_grad },
 );
 
-impl<B: Backend> Relabel for DeformConv2dBackward<GraphCapture<B>> {
+impl<B: GraphBackend> Relabel for DeformConv2dBackward<GraphCapture<B>> {
     type Inner = DeformConv2dBackward<B>;
     fn to_inner(self) -> Self::Inner {
         DeformConv2dBackward {
@@ -135,11 +143,11 @@ impl<B: Backend> Relabel for DeformConv2dBackward<GraphCapture<B>> {
             bias_grad: inner.bias_grad,
         }
     }
-    fn record(&self, recorder: &mut OpRecorder) {
-        recorder.tensor(&self.x_grad);
-        recorder.tensor(&self.offset_grad);
-        recorder.tensor(&self.weight_grad);
-        recorder.optional(&self.mask_grad);
-        recorder.optional(&self.bias_grad);
+    fn record(&self, recorder: &mut OpRecorder, output: bool) {
+        recorder.tensor_as(&self.x_grad, output);
+        recorder.tensor_as(&self.offset_grad, output);
+        recorder.tensor_as(&self.weight_grad, output);
+        recorder.optional_as(&self.mask_grad, output);
+        recorder.optional_as(&self.bias_grad, output);
     }
 }

@@ -10,15 +10,24 @@
 //! Sessions on one thread may nest or overlap in any order: every open session records
 //! every op, and each is closed by its own handle. Outside a session, the decorator
 //! pays one thread-local load per op: no allocation and no lock.
+//!
+//! Besides the signature, a session records which allocations the step read without
+//! producing them itself ([`ExternalRead`]): every op's inputs and outputs are named by
+//! their [`AllocationId`], and an input that no earlier op of the session produced is
+//! read from outside the step. The step API checks each of those against what it knows
+//! (parameters, optimizer state, the listed batch, constants).
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::fmt::{self, Debug, Write as _};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 
 use burn_backend::{DType, Shape, TensorData, TensorMetadata};
 use serde::{Deserialize, Serialize};
+
+use super::identity::{Allocated, AllocationId};
 
 thread_local! {
     /// Number of open sessions on this thread; the only state the hot path reads.
@@ -43,15 +52,7 @@ pub(crate) fn record_op(
 ) {
     let mut recorder = OpRecorder::default();
     inputs(&mut recorder);
-    let record = recorder.finish(op);
-    RECORDINGS.with(|recordings| {
-        for (_, recording) in recordings.borrow_mut().iter_mut() {
-            if let Some(kind) = breaker {
-                recording.breakers.push(CaptureBreaker::new(kind, op));
-            }
-            recording.signature.ops.push(record.clone());
-        }
-    });
+    recorder.commit(op, breaker);
 }
 
 /// Why an op cannot be part of a replayed CUDA graph.
@@ -151,6 +152,17 @@ impl OpSignature {
     }
 }
 
+/// The first read, within one step, of an allocation the step did not produce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExternalRead {
+    /// The allocation read; `None` where its backend cannot name it.
+    pub allocation: Option<AllocationId>,
+    /// The backend method that read it, e.g. `float_embedding`.
+    pub op: &'static str,
+    /// Shape and dtype of the tensor read.
+    pub tensor: TensorSig,
+}
+
 /// Everything one session recorded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recording {
@@ -158,28 +170,95 @@ pub struct Recording {
     pub signature: OpSignature,
     /// Capture breakers, in call order.
     pub breakers: Vec<CaptureBreaker>,
+    /// Reads of allocations that no earlier op of the session produced, in call order,
+    /// each allocation once.
+    pub reads: Vec<ExternalRead>,
+    /// Allocations the session's ops produced or already read.
+    known: HashSet<AllocationId>,
 }
 
-/// Collects one op's inputs. Only used while a session is open.
+impl Recording {
+    fn add(&mut self, record: &OpRecord, breaker: Option<CaptureBreaker>, recorder: &OpRecorder) {
+        if let Some(breaker) = breaker {
+            self.breakers.push(breaker);
+        }
+        for (allocation, tensor) in &recorder.reads {
+            let first = match allocation {
+                Some(id) => self.known.insert(id.clone()),
+                None => true,
+            };
+            if first {
+                self.reads.push(ExternalRead {
+                    allocation: allocation.clone(),
+                    op: record.op,
+                    tensor: tensor.clone(),
+                });
+            }
+        }
+        self.known.extend(recorder.outputs.iter().cloned());
+        self.signature.ops.push(record.clone());
+    }
+}
+
+/// Collects one op's inputs and outputs. Only used while a session is open.
 #[derive(Default)]
 pub(crate) struct OpRecorder {
     inputs: Vec<TensorSig>,
     attrs: DefaultHasher,
+    /// The input tensors' allocations.
+    reads: Vec<(Option<AllocationId>, TensorSig)>,
+    /// The output tensors' allocations.
+    outputs: Vec<AllocationId>,
 }
 
 impl OpRecorder {
-    pub(crate) fn tensor<T: TensorMetadata>(&mut self, tensor: &T) {
+    pub(crate) fn tensor<T: TensorMetadata + Allocated>(&mut self, tensor: &T) {
+        let sig = TensorSig {
+            shape: tensor.shape(),
+            dtype: tensor.dtype(),
+        };
+        self.reads.push((tensor.allocation_id(), sig.clone()));
+        self.inputs.push(sig);
+    }
+
+    /// A tensor whose metadata only (device, flags) the op reads: in the signature, but
+    /// not a read of its allocation.
+    pub(crate) fn metadata<T: TensorMetadata>(&mut self, tensor: &T) {
         self.inputs.push(TensorSig {
             shape: tensor.shape(),
             dtype: tensor.dtype(),
         });
     }
 
-    pub(crate) fn optional<T: TensorMetadata>(&mut self, tensor: &Option<T>) {
+    /// A tensor the op returned: later reads of it are reads of the step's own work.
+    pub(crate) fn output<T: Allocated>(&mut self, tensor: &T) {
+        self.outputs.extend(tensor.allocation_id());
+    }
+
+    /// An input, or an output when `output`.
+    pub(crate) fn tensor_as<T: TensorMetadata + Allocated>(&mut self, tensor: &T, output: bool) {
+        if output {
+            self.output(tensor)
+        } else {
+            self.tensor(tensor)
+        }
+    }
+
+    /// An optional input, or output when `output`.
+    pub(crate) fn optional_as<T: TensorMetadata + Allocated>(
+        &mut self,
+        tensor: &Option<T>,
+        output: bool,
+    ) {
         match tensor {
-            Some(tensor) => self.tensor(tensor),
+            Some(tensor) => self.tensor_as(tensor, output),
+            None if output => {}
             None => self.attrs.write_u8(0),
         }
+    }
+
+    pub(crate) fn optional<T: TensorMetadata + Allocated>(&mut self, tensor: &Option<T>) {
+        self.optional_as(tensor, false)
     }
 
     pub(crate) fn data(&mut self, data: &TensorData) {
@@ -197,12 +276,19 @@ impl OpRecorder {
         self.attrs.write_u8(0xff);
     }
 
-    fn finish(self, op: &'static str) -> OpRecord {
-        OpRecord {
+    /// Records the op into every open session of this thread.
+    pub(crate) fn commit(self, op: &'static str, breaker: Option<BreakerKind>) {
+        let record = OpRecord {
             op,
-            inputs: self.inputs,
+            inputs: self.inputs.clone(),
             attrs: self.attrs.finish(),
-        }
+        };
+        let breaker = breaker.map(|kind| CaptureBreaker::new(kind, op));
+        RECORDINGS.with(|recordings| {
+            for (_, recording) in recordings.borrow_mut().iter_mut() {
+                recording.add(&record, breaker.clone(), &self);
+            }
+        });
     }
 }
 

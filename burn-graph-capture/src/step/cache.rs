@@ -5,22 +5,60 @@
 
 use std::collections::HashMap;
 
+use super::guard;
 use super::input::InputKey;
 use super::mode::FallbackReason;
-use crate::backend::{OpSignature, Recording};
+use crate::backend::{CaptureBreaker, ExternalRead, OpSignature};
+
+/// What one recorded step did, as far as graph decisions go.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Observation {
+    /// Its op signature.
+    pub(crate) signature: OpSignature,
+    /// Its capture breakers.
+    pub(crate) breakers: Vec<CaptureBreaker>,
+    /// Its reads of allocations the trainer does not account for (`guard`).
+    pub(crate) unaccounted: Vec<ExternalRead>,
+}
+
+impl Observation {
+    /// Why a step that did this cannot follow `previous` (the steps before it) into a
+    /// graph: a breaker, another signature, or reads that are not constants.
+    pub(crate) fn verdict(&self, previous: Option<&Observation>) -> Option<FallbackReason> {
+        if let Some(breaker) = self.breakers.first() {
+            return Some(FallbackReason::CaptureBreaker(breaker.clone()));
+        }
+        if let Some(first_difference) =
+            previous.and_then(|p| p.signature.first_difference(&self.signature))
+        {
+            return Some(FallbackReason::NonStaticControlFlow { first_difference });
+        }
+        let before = previous.map(|p| p.unaccounted.as_slice());
+        guard::check_constants(before, &self.unaccounted).err()
+    }
+}
+
+/// A graph with what its step did when it was recorded.
+pub(crate) trait Recorded {
+    /// The recorded step's observation.
+    fn observation(&self) -> &Observation;
+}
 
 /// Where one input shape stands.
 #[derive(Debug)]
 pub(crate) enum Phase<G> {
-    /// Eager warmup steps so far, and the signature they all had.
+    /// Eager warmup steps so far, and what they all did.
     Warming {
         done: usize,
-        signature: Option<OpSignature>,
+        seen: Option<Observation>,
     },
-    /// Warmup verified a static step; the next step may be captured.
-    Ready,
+    /// Warmup verified a static step; the next step may be captured if it does the same.
+    Ready(Observation),
     /// A graph recorded for this shape.
     Captured(G),
+    /// A graph whose model was replaced: the next step runs eagerly and must do what
+    /// the graph recorded before the graph replays again.
+    Suspect(G),
     /// This shape runs eagerly for good.
     Disabled(FallbackReason),
 }
@@ -28,7 +66,7 @@ pub(crate) enum Phase<G> {
 /// What the trainer should do for one step.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
-    /// Run eagerly inside a capture session and report the recording.
+    /// Run eagerly inside a capture session and report the observation.
     Warmup,
     /// Run eagerly, for this reason.
     Eager(FallbackReason),
@@ -36,6 +74,20 @@ pub(crate) enum Plan {
     Capture,
     /// Replay this shape's graph.
     Replay,
+    /// Run eagerly inside a session and compare with the shape's graph.
+    Verify,
+}
+
+/// The phase after `done` warmup steps that all did what `last` did.
+fn warming<G>(done: usize, last: Observation, warmup_steps: usize) -> Phase<G> {
+    if done >= warmup_steps {
+        Phase::Ready(last)
+    } else {
+        Phase::Warming {
+            done,
+            seen: Some(last),
+        }
+    }
 }
 
 /// The graphs of one trainer, keyed by input shape, bounded in number.
@@ -46,7 +98,7 @@ pub(crate) struct GraphCache<G> {
     warmup_steps: usize,
 }
 
-impl<G> GraphCache<G> {
+impl<G: Recorded> GraphCache<G> {
     pub(crate) fn new(max_entries: usize, warmup_steps: usize) -> Self {
         Self {
             entries: HashMap::new(),
@@ -65,51 +117,69 @@ impl<G> GraphCache<G> {
                 key.clone(),
                 Phase::Warming {
                     done: 0,
-                    signature: None,
+                    seen: None,
                 },
             );
         }
         match &self.entries[key] {
             Phase::Warming { .. } => Plan::Warmup,
-            Phase::Ready if hardware => Plan::Capture,
-            Phase::Ready => Plan::Eager(FallbackReason::NoHardwareGraphs),
+            Phase::Ready(_) if hardware => Plan::Capture,
+            Phase::Ready(_) => Plan::Eager(FallbackReason::NoHardwareGraphs),
             Phase::Captured(_) => Plan::Replay,
+            Phase::Suspect(_) => Plan::Verify,
             Phase::Disabled(reason) => Plan::Eager(reason.clone()),
         }
     }
 
     /// Records a warmup step. Returns the reason if it disabled the shape.
-    pub(crate) fn warmed(
-        &mut self,
-        key: &InputKey,
-        recording: Recording,
-    ) -> Option<FallbackReason> {
+    pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
         let entry = self.entries.get_mut(key)?;
-        let Phase::Warming { done, signature } = entry else {
+        let Phase::Warming { done, seen } = entry else {
             return None;
         };
-        let verdict = if let Some(breaker) = recording.breakers.into_iter().next() {
-            Some(FallbackReason::CaptureBreaker(breaker))
-        } else {
-            signature
-                .as_ref()
-                .and_then(|previous| previous.first_difference(&recording.signature))
-                .map(|first_difference| FallbackReason::NonStaticControlFlow { first_difference })
-        };
+        let verdict = step.verdict(seen.as_ref());
         *entry = match verdict.clone() {
             Some(reason) => Phase::Disabled(reason),
-            None if *done + 1 >= self.warmup_steps => Phase::Ready,
-            None => Phase::Warming {
-                done: *done + 1,
-                signature: Some(recording.signature),
-            },
+            None => warming(*done + 1, step, self.warmup_steps),
         };
         verdict
+    }
+
+    /// What the warmup steps of `key` did, once it is ready for capture.
+    pub(crate) fn warmed_up(&self, key: &InputKey) -> Option<&Observation> {
+        match self.entries.get(key) {
+            Some(Phase::Ready(seen)) => Some(seen),
+            _ => None,
+        }
     }
 
     /// Stores the graph captured for `key`.
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
         self.entries.insert(key.clone(), Phase::Captured(graph));
+    }
+
+    /// Records a verifying step of a suspect graph: the graph replays again when the
+    /// step did what it recorded; otherwise it is dropped and the step counts as the
+    /// first warmup step of a new graph. Returns the reason in that case.
+    pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        let Some(Phase::Suspect(graph)) = self.entries.remove(key) else {
+            return None;
+        };
+        match step.verdict(Some(graph.observation())) {
+            None => {
+                self.entries.insert(key.clone(), Phase::Captured(graph));
+                None
+            }
+            Some(reason) => {
+                drop(graph);
+                let (phase, verdict) = match step.verdict(None) {
+                    Some(own) => (Phase::Disabled(own.clone()), own),
+                    None => (warming(1, step, self.warmup_steps), reason),
+                };
+                self.entries.insert(key.clone(), phase);
+                Some(verdict)
+            }
+        }
     }
 
     /// Makes `key` eager for good.
@@ -125,12 +195,28 @@ impl<G> GraphCache<G> {
         }
     }
 
+    /// Marks every graph suspect: each must match an eager step before it replays.
+    pub(crate) fn suspect_graphs(&mut self) {
+        for phase in self.entries.values_mut() {
+            let placeholder = Phase::Warming {
+                done: 0,
+                seen: None,
+            };
+            *phase = match std::mem::replace(phase, placeholder) {
+                Phase::Captured(graph) => Phase::Suspect(graph),
+                other => other,
+            };
+        }
+    }
+
     /// Drops every graph; their shapes get captured again at their next step.
     pub(crate) fn drop_graphs(&mut self) {
         for phase in self.entries.values_mut() {
-            if matches!(phase, Phase::Captured(_)) {
-                *phase = Phase::Ready;
-            }
+            let observation = match phase {
+                Phase::Captured(graph) | Phase::Suspect(graph) => graph.observation().clone(),
+                _ => continue,
+            };
+            *phase = Phase::Ready(observation);
         }
     }
 
@@ -145,7 +231,7 @@ impl<G> GraphCache<G> {
     pub(crate) fn graphs_alive(&self) -> usize {
         self.entries
             .values()
-            .filter(|p| matches!(p, Phase::Captured(_)))
+            .filter(|p| matches!(p, Phase::Captured(_) | Phase::Suspect(_)))
             .count()
     }
 }
@@ -155,45 +241,75 @@ mod tests {
     use burn::tensor::{DType, Shape};
 
     use super::*;
-    use crate::backend::{BreakerKind, CaptureBreaker, CaptureSession};
+    use crate::backend::{AllocationId, BreakerKind, CaptureSession, TensorSig};
 
-    fn key(batch: usize) -> InputKey {
-        InputKey(vec![(Shape::new([batch, 3]), DType::F32)])
+    /// A stand-in graph: a name and the observation it was recorded with.
+    #[derive(Debug, PartialEq)]
+    struct Fake(&'static str, Observation);
+
+    impl Recorded for Fake {
+        fn observation(&self) -> &Observation {
+            &self.1
+        }
     }
 
-    /// A recording of `ops` dummy ops (a signature of that length).
-    fn recording(ops: usize) -> Recording {
+    fn key(batch: usize) -> InputKey {
+        InputKey::of_shapes([Shape::new([batch, 3])])
+    }
+
+    /// An observation of `ops` dummy ops (a signature of that length), reading `reads`.
+    fn observed(ops: usize, reads: &[u64]) -> Observation {
         let (_, recording) = CaptureSession::record(|| {
             for _ in 0..ops {
                 crate::backend::session::record_op("op", None, |_| {});
             }
         });
-        recording
+        let unaccounted = reads
+            .iter()
+            .map(|&id| ExternalRead {
+                allocation: Some(AllocationId::unique(id)),
+                op: "int_reshape",
+                tensor: TensorSig {
+                    shape: Shape::new([4]),
+                    dtype: DType::I64,
+                },
+            })
+            .collect();
+        Observation {
+            signature: recording.signature,
+            breakers: recording.breakers,
+            unaccounted,
+        }
     }
 
-    fn warm(cache: &mut GraphCache<&'static str>, key: &InputKey, steps: usize) {
+    fn warm(cache: &mut GraphCache<Fake>, key: &InputKey, steps: usize) {
         for _ in 0..steps {
             assert_eq!(cache.plan(key, true), Plan::Warmup);
-            assert_eq!(cache.warmed(key, recording(2)), None);
+            assert_eq!(cache.warmed(key, observed(2, &[9])), None);
         }
+    }
+
+    fn capture(cache: &mut GraphCache<Fake>, key: &InputKey, name: &'static str) {
+        assert_eq!(cache.plan(key, true), Plan::Capture);
+        let seen = cache.warmed_up(key).unwrap().clone();
+        cache.captured(key, Fake(name, seen));
     }
 
     #[test]
     fn warmup_then_capture_then_replay() {
         let mut cache = GraphCache::new(4, 3);
         warm(&mut cache, &key(8), 3);
-        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
-        cache.captured(&key(8), "graph");
+        capture(&mut cache, &key(8), "graph");
         assert_eq!(cache.plan(&key(8), true), Plan::Replay);
-        assert_eq!(cache.graph(&key(8)), Some(&"graph"));
+        assert_eq!(cache.graph(&key(8)).unwrap().0, "graph");
         assert_eq!(cache.graphs_alive(), 1);
     }
 
     #[test]
     fn without_hardware_a_ready_shape_says_so() {
-        let mut cache = GraphCache::<()>::new(4, 1);
+        let mut cache = GraphCache::<Fake>::new(4, 1);
         assert_eq!(cache.plan(&key(8), false), Plan::Warmup);
-        cache.warmed(&key(8), recording(1));
+        cache.warmed(&key(8), observed(1, &[]));
         assert_eq!(
             cache.plan(&key(8), false),
             Plan::Eager(FallbackReason::NoHardwareGraphs)
@@ -204,11 +320,9 @@ mod tests {
     fn a_new_shape_gets_its_own_warmup_and_graph_within_the_bound() {
         let mut cache = GraphCache::new(2, 1);
         warm(&mut cache, &key(8), 1);
-        cache.plan(&key(8), true);
-        cache.captured(&key(8), "a");
+        capture(&mut cache, &key(8), "a");
         warm(&mut cache, &key(4), 1);
-        assert_eq!(cache.plan(&key(4), true), Plan::Capture);
-        cache.captured(&key(4), "b");
+        capture(&mut cache, &key(4), "b");
         assert_eq!(
             cache.plan(&key(2), true),
             Plan::Eager(FallbackReason::GraphCacheFull)
@@ -223,22 +337,25 @@ mod tests {
 
     #[test]
     fn differing_warmup_signatures_disable_the_shape() {
-        let mut cache = GraphCache::<()>::new(4, 3);
+        let mut cache = GraphCache::<Fake>::new(4, 3);
         cache.plan(&key(8), true);
-        assert_eq!(cache.warmed(&key(8), recording(2)), None);
+        assert_eq!(cache.warmed(&key(8), observed(2, &[])), None);
         cache.plan(&key(8), true);
         let reason = FallbackReason::NonStaticControlFlow {
             first_difference: 2,
         };
-        assert_eq!(cache.warmed(&key(8), recording(3)), Some(reason.clone()));
+        assert_eq!(
+            cache.warmed(&key(8), observed(3, &[])),
+            Some(reason.clone())
+        );
         assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
     }
 
     #[test]
     fn a_breaker_in_warmup_disables_the_shape() {
-        let mut cache = GraphCache::<()>::new(4, 3);
+        let mut cache = GraphCache::<Fake>::new(4, 3);
         cache.plan(&key(8), true);
-        let mut with_breaker = recording(1);
+        let mut with_breaker = observed(1, &[]);
         let breaker = CaptureBreaker::new(BreakerKind::HostRead, "float_into_data");
         with_breaker.breakers.push(breaker.clone());
         let reason = FallbackReason::CaptureBreaker(breaker);
@@ -247,11 +364,42 @@ mod tests {
     }
 
     #[test]
+    fn a_read_that_changes_between_warmup_steps_disables_the_shape() {
+        let mut cache = GraphCache::<Fake>::new(4, 3);
+        cache.plan(&key(8), true);
+        assert_eq!(cache.warmed(&key(8), observed(2, &[1, 2])), None);
+        cache.plan(&key(8), true);
+        let reason = cache.warmed(&key(8), observed(2, &[1, 3])).unwrap();
+        assert_eq!(reason.kind(), "UnlistedInput");
+        assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
+    }
+
+    #[test]
+    fn a_suspect_graph_replays_again_only_after_a_matching_step() {
+        let mut cache = GraphCache::new(4, 1);
+        warm(&mut cache, &key(8), 1);
+        capture(&mut cache, &key(8), "a");
+        cache.suspect_graphs();
+        assert_eq!(cache.plan(&key(8), true), Plan::Verify);
+        assert_eq!(cache.verified(&key(8), observed(2, &[9])), None);
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+
+        cache.suspect_graphs();
+        let reason = cache.verified(&key(8), observed(2, &[10])).unwrap();
+        assert_eq!(reason.kind(), "UnlistedInput");
+        assert_eq!(cache.graphs_alive(), 0, "the outdated graph is dropped");
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Capture,
+            "the verifying step was its first warmup step"
+        );
+    }
+
+    #[test]
     fn dropped_graphs_are_captured_again_and_disabled_shapes_stay_eager() {
         let mut cache = GraphCache::new(4, 1);
         warm(&mut cache, &key(8), 1);
-        cache.plan(&key(8), true);
-        cache.captured(&key(8), "a");
+        capture(&mut cache, &key(8), "a");
         cache.drop_graphs();
         assert_eq!(cache.graphs_alive(), 0);
         assert_eq!(cache.plan(&key(8), true), Plan::Capture);

@@ -1,8 +1,10 @@
-//! Capturing a step into a graph and replaying it (backends with hardware graphs).
+//! A trainer's graphs and the pinned buffers they read and write (backends with
+//! hardware graphs).
 //!
 //! Capture, in order: pin parameters and optimizer state (once), pin a copy of the
 //! batch as the graph's static input, open the window, run the step on the static input,
-//! copy the new values into the pinned buffers (recorded too), close the window, then
+//! copy the new values into the pinned buffers (recorded too), close the window, check
+//! that the recorded step did what warmup verified (breakers, signature, reads), then
 //! launch the graph once: nothing recorded in a window runs until it is launched.
 //! Replay: check that the model still sits on the pinned buffers, copy the batch into
 //! the static input, launch. Every failure leaves the pre-step values in the pinned
@@ -11,24 +13,40 @@
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
+use super::cache::{GraphCache, Observation, Plan, Recorded};
+use super::config::GraphTrainerConfig;
+use super::error::StepError;
+use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
-use super::mode::{FallbackReason, StepMode};
-use super::pinning::Pinned;
-use super::trainer::{GraphTrainer, Loss, TrainBackend};
-use crate::backend::{CaptureSession, GraphBackend, GraphError};
+use super::learner::Learner;
+use super::mode::FallbackReason;
+use super::pinning::{Pinned, copy_float};
+use crate::backend::{
+    Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, TrainBackend,
+};
 use crate::optim::CapturableOptimizer;
+
+/// A step's loss, as the trainer returns it.
+pub(crate) type Loss<G> = Tensor<TrainBackend<G>, 1>;
 
 /// A graph with the static buffers it reads and writes.
 pub(crate) struct CapturedStep<G: GraphBackend> {
     graph: G::Graph,
-    /// Pinned copies of the batch tensors, in `StepInput::float_tensors` order.
-    inputs: Vec<FloatTensor<G>>,
+    /// Pinned copies of the batch tensors, in `StepInput::collect_tensors` order.
+    inputs: Vec<AnyTensor<G>>,
     /// The loss as the graph writes it; overwritten by every replay.
     loss: FloatTensor<G>,
+    /// What the recorded step did.
+    observation: Observation,
+}
+
+impl<G: GraphBackend> Recorded for CapturedStep<G> {
+    fn observation(&self) -> &Observation {
+        &self.observation
+    }
 }
 
 /// Why a graph step did not happen; the step then runs eagerly.
@@ -39,190 +57,367 @@ pub(crate) enum Fallback {
     Trainer(FallbackReason),
     /// Pinned buffers changed: graphs were dropped; the next step captures again.
     Repin,
+    /// The step itself was refused (the trainer returns the error).
+    Step(StepError),
 }
 
-/// A copy of `tensor` in a fresh buffer: replays overwrite the graph's own loss buffer.
-fn detached_copy<G: GraphBackend>(tensor: &FloatTensor<G>) -> Loss<G> {
-    let inner =
-        Tensor::<crate::GraphCapture<G>, 1>::from_primitive(TensorPrimitive::Float(tensor.clone()));
-    Tensor::from_inner(inner.mul_scalar(1.0))
+/// What graph work cost, for the report.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GraphStats {
+    /// Wall time spent capturing, in milliseconds.
+    pub(crate) capture_ms: f64,
+    /// Times pinned buffers changed and graphs were dropped.
+    pub(crate) recaptures: usize,
+    /// Bytes pinned in the arena.
+    pub(crate) pinned_bytes: u64,
 }
 
-impl<G, M, O, I, F> GraphTrainer<G, M, O, I, F>
-where
-    G: GraphBackend,
-    M: AutodiffModule<TrainBackend<G>>,
-    O: CapturableOptimizer<M, TrainBackend<G>>,
-    I: StepInput<TrainBackend<G>>,
-    F: FnMut(&M, &I) -> Tensor<TrainBackend<G>, 1>,
-{
-    /// Pins the model and optimizer state unless they already are.
-    pub(super) fn ensure_pinned(&mut self) -> Result<(), Fallback> {
-        if self.pinned.is_some() {
-            return Ok(());
+/// The graphs of one trainer, per input key, and the pinned buffers they use.
+pub(crate) struct Graphs<G: GraphBackend> {
+    cache: GraphCache<CapturedStep<G>>,
+    /// Parameters and optimizer state at fixed addresses, once a graph needs them.
+    pins: Option<Pinned<G>>,
+    /// Whether the model and optimizer were checked to sit on `pins` since the model
+    /// last entered the trainer. Nothing else can move them off (the trainer never
+    /// lends its tensors out), so replays skip the check while this holds.
+    verified: bool,
+    max_recaptures: usize,
+    stats: GraphStats,
+}
+
+impl<G: GraphBackend> Graphs<G> {
+    pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
+        Self {
+            cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
+            pins: None,
+            verified: false,
+            max_recaptures: config.max_recaptures,
+            stats: GraphStats::default(),
         }
-        let model = self.model.take().expect("checked by `step`");
-        let (model, pinned) = match Pinned::pin(model.clone(), &mut self.optimizer) {
-            Ok(done) => done,
-            Err(error) => {
-                self.model = Some(model);
-                return Err(Fallback::Trainer(FallbackReason::Graph(error)));
-            }
-        };
-        self.report.pinned_bytes = pinned.bytes;
-        self.model = Some(model);
-        self.pinned = Some(pinned);
-        self.pins_verified = true;
-        self.register_buffers();
-        Ok(())
     }
 
-    /// Checks that the model and optimizer still sit on the pinned buffers; if not,
-    /// drops every graph (before the buffers they use) and the pins.
-    pub(super) fn check_pins(&mut self) -> Result<(), Fallback> {
-        if self.pins_verified {
-            return Ok(());
-        }
-        let (Some(pinned), Some(model)) = (&self.pinned, &self.model) else {
-            return Ok(());
-        };
-        if pinned.unchanged(model, &mut self.optimizer) {
-            self.pins_verified = true;
-            return Ok(());
-        }
+    /// How the step for `key` runs.
+    pub(crate) fn plan(&mut self, key: &InputKey, device: &G::Device) -> Plan {
+        self.cache.plan(key, G::supports_hardware_graphs(device))
+    }
+
+    /// Whether steps write into pinned buffers (and lent tensors must be copies).
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins.is_some()
+    }
+
+    /// Records a warmup step of `key`; returns the reason if it disabled the shape.
+    pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        self.cache.warmed(key, step)
+    }
+
+    /// Records a step that verified the suspect graph of `key`.
+    pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        self.cache.verified(key, step)
+    }
+
+    /// Makes `key` eager for good.
+    pub(crate) fn disable(&mut self, key: &InputKey, reason: FallbackReason) {
+        self.cache.disable(key, reason);
+    }
+
+    /// Drops the pins and makes every shape eager for good.
+    pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
         self.unpin();
-        self.report.recaptures += 1;
-        if self.report.recaptures > self.config.max_recaptures {
-            return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
-        }
-        Err(Fallback::Repin)
+        self.cache.disable_all(reason);
+    }
+
+    /// Live graphs.
+    pub(crate) fn graphs_alive(&self) -> usize {
+        self.cache.graphs_alive()
+    }
+
+    pub(crate) fn stats(&self) -> GraphStats {
+        self.stats
     }
 
     /// Drops every graph (before the buffers they use) and the pins, so that no step
     /// writes into the pinned buffers any more; graphed shapes capture again later.
-    pub(super) fn unpin(&mut self) {
-        if self.pinned.is_some() {
+    pub(crate) fn unpin(&mut self) {
+        if self.pins.take().is_some() {
             self.cache.drop_graphs();
-            self.pinned = None;
-            self.report.pinned_bytes = 0;
+            self.stats.pinned_bytes = 0;
         }
     }
 
+    /// What the trainer accounts for in a step besides the batch: the allocations of its
+    /// parameters and optimizer state.
+    pub(crate) fn owned<M, O>(&self, learner: &mut Learner<M, O>) -> Accounted
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let (model, optimizer) = learner.parts_mut();
+        Accounted::new(
+            super::pinning::buffers::<G, M, O>(model, optimizer)
+                .iter()
+                .map(Allocated::allocation_id),
+        )
+    }
+
     /// Records the step for `key` into a graph and launches it once.
-    pub(super) fn capture_step(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn capture<M, O, I, F>(
         &mut self,
+        learner: &mut Learner<M, O>,
+        loss_fn: &mut F,
         key: &InputKey,
         batch: &I,
-    ) -> Result<(Loss<G>, StepMode), Fallback> {
-        self.check_pins()?;
-        self.ensure_pinned()?;
+        inputs: &[AnyTensor<G>],
+        device: &G::Device,
+    ) -> Result<Loss<G>, Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+        I: StepInput<TrainBackend<G>>,
+        F: FnMut(&M, &I) -> Loss<G>,
+    {
+        self.check_pins(learner)?;
+        self.ensure_pinned(learner)?;
         let shape_error = |error| Fallback::Shape(FallbackReason::Graph(error));
-        let inputs = batch
-            .float_tensors()
-            .into_iter()
+        let static_inputs = inputs
+            .iter()
+            .cloned()
             .map(G::pin)
             .collect::<Result<Vec<_>, _>>()
             .map_err(shape_error)?;
-        let static_batch = batch.with_float_tensors(&mut inputs.clone().into_iter());
+        let static_batch = batch.with_tensors(
+            &mut static_inputs
+                .iter()
+                .cloned()
+                .map(AnyTensor::<GraphCapture<G>>::from_inner)
+                .collect::<Vec<_>>()
+                .into_iter(),
+        );
+        let pins = self.pins.as_ref().expect("pinned above");
+        let accounted = Accounted::new(
+            pins.allocations()
+                .chain(static_inputs.iter().map(AnyTensor::allocation_id)),
+        );
 
         let started = Instant::now();
-        let device = self.device.clone();
         let session = CaptureSession::begin();
-        let captured = G::capture(&device, || self.record_step(&static_batch));
+        let captured = G::capture(device, || {
+            record_step(learner, loss_fn, &static_batch, pins)
+        });
         let recording = session.finish();
         let (recorded, graph) = captured.map_err(shape_error)?;
-        let closed = recorded.and_then(|loss| graph.map(|graph| (graph, loss)));
-        let pinned = self.pinned.as_ref().expect("pinned above");
-        let (graph, loss) = match closed {
+        let observation = Observation {
+            signature: recording.signature,
+            breakers: recording.breakers,
+            unaccounted: accounted.unaccounted(recording.reads),
+        };
+        let refusal = match (recorded, graph) {
+            (Err(refusal), _) => Err(refusal),
+            (Ok(_), Err(error)) => Err(shape_error(error)),
+            (Ok(loss), Ok(graph)) => match observation.verdict(self.cache.warmed_up(key)) {
+                Some(reason) => Err(Fallback::Shape(reason)),
+                None => Ok((loss, graph)),
+            },
+        };
+        let (loss, graph) = match refusal {
             Ok(done) => done,
-            Err(error) => {
+            Err(refusal) => {
                 // Nothing recorded ran: the pinned buffers hold the pre-step values.
-                let model = self.model.take().expect("restored below");
-                self.model = Some(pinned.reseat(model, &mut self.optimizer));
-                return Err(shape_error(error));
+                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+                return Err(refusal);
             }
         };
-        if let Some(breaker) = recording.breakers.into_iter().next() {
-            drop(graph);
-            let model = self.model.take().expect("restored below");
-            self.model = Some(pinned.reseat(model, &mut self.optimizer));
-            return Err(Fallback::Shape(FallbackReason::CaptureBreaker(breaker)));
-        }
         G::replay(&graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
-        self.report.capture_ms += started.elapsed().as_secs_f64() * 1e3;
+        self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
         let output = detached_copy::<G>(&loss);
         self.cache.captured(
             key,
             CapturedStep {
                 graph,
-                inputs,
+                inputs: static_inputs,
                 loss,
+                observation,
             },
         );
-        Ok((output, StepMode::Captured))
+        Ok(output)
     }
 
-    /// The body of a captured step: loss, backward, update, write-back into the pins.
-    fn record_step(&mut self, batch: &I) -> Result<FloatTensor<G>, GraphError> {
-        let model = self.model.as_ref().expect("checked by `step`");
-        let loss = (self.step_fn)(model, batch);
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        let model = self.model.take().expect("checked by `step`");
-        let updated = self.optimizer.step(model, grads);
-        let pinned = self.pinned.as_ref().expect("pinned before capture");
-        match pinned.write_back(updated.clone(), &mut self.optimizer) {
-            Ok(model) => self.model = Some(model),
-            Err(error) => {
-                self.model = Some(updated);
-                return Err(error);
-            }
-        }
-        Ok(loss.inner().into_primitive().tensor())
-    }
-
-    /// Replays the graph of `key` on `batch`.
-    pub(super) fn replay_step(
+    /// Replays the graph of `key` on `inputs`.
+    pub(crate) fn replay<M, O>(
         &mut self,
+        learner: &mut Learner<M, O>,
         key: &InputKey,
-        batch: &I,
-    ) -> Result<(Loss<G>, StepMode), Fallback> {
-        self.check_pins()?;
+        inputs: &[AnyTensor<G>],
+    ) -> Result<Loss<G>, Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        self.check_pins(learner)?;
         let Some(step) = self.cache.graph(key) else {
             return Err(Fallback::Repin);
         };
         let fatal = |error| Fallback::Trainer(FallbackReason::Graph(error));
-        for (input, tensor) in step.inputs.iter().zip(batch.float_tensors()) {
-            G::copy_into(input, &tensor).map_err(fatal)?;
+        for (input, tensor) in step.inputs.iter().zip(inputs) {
+            G::copy_into(input, tensor).map_err(fatal)?;
         }
         G::replay(&step.graph).map_err(fatal)?;
-        Ok((detached_copy::<G>(&step.loss), StepMode::Replayed))
+        Ok(detached_copy::<G>(&step.loss))
     }
 
-    /// Writes an eager step's results into the pinned buffers, if the trainer has any.
-    /// On failure the pins are dropped (graphs first) and training goes on unpinned.
-    pub(super) fn write_back_eager(&mut self) {
-        let Some(pinned) = &self.pinned else {
+    /// Writes an eager step's results into the pinned buffers, if there are any. On
+    /// failure the pins are dropped (graphs first) and training goes on unpinned.
+    pub(crate) fn write_back_eager<M, O>(&mut self, learner: &mut Learner<M, O>)
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let Some(pins) = &self.pins else {
             return;
         };
-        let Some(model) = self.model.take() else {
-            return;
-        };
-        match pinned.write_back(model.clone(), &mut self.optimizer) {
-            Ok(model) => self.model = Some(model),
-            Err(error) => {
-                tracing::warn!(trainer = self.id.0, %error, "write-back failed; dropping graphs and pins");
-                self.unpin();
-                self.model = Some(model);
-            }
+        let mut failed = None;
+        learner.update(
+            |model, optimizer| match pins.write_back(model.clone(), optimizer) {
+                Ok(seated) => seated,
+                Err(error) => {
+                    failed = Some(error);
+                    model
+                }
+            },
+        );
+        if let Some(error) = failed {
+            tracing::warn!(%error, "write-back failed; dropping graphs and pins");
+            self.unpin();
         }
     }
 
-    /// Sets the learning rate in the pinned buffer; false when nothing is pinned.
-    pub(super) fn write_lr(&mut self, lr: f64) -> bool {
-        let Some(target) = self.pinned.as_ref().and_then(Pinned::lr) else {
+    /// Seats `model`, put back by the user, on the pinned buffers (its values copied
+    /// into them); every graph must then match an eager step of it before it replays.
+    /// A model that does not fit the pins is taken as it is, unpinned.
+    pub(crate) fn put_back<M, O>(&mut self, learner: &mut Learner<M, O>, model: M)
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let Some(pins) = &self.pins else {
+            learner.update(|_, _| model);
+            return;
+        };
+        let mut unfit = false;
+        learner.update(
+            |_, optimizer| match pins.write_back(model.clone(), optimizer) {
+                Ok(seated) => seated,
+                Err(_) => {
+                    unfit = true;
+                    model
+                }
+            },
+        );
+        if unfit {
+            self.unpin();
+        } else {
+            self.cache.suspect_graphs();
+            self.verified = true;
+        }
+    }
+
+    /// Sets the learning rate in the pinned buffer; false when nothing is pinned or
+    /// the write failed.
+    pub(crate) fn write_lr(&mut self, lr: f64, device: &G::Device) -> bool {
+        let Some(target) = self.pins.as_ref().and_then(Pinned::lr) else {
             return false;
         };
-        let value = Tensor::<crate::GraphCapture<G>, 1>::from_floats([lr as f32], &self.device);
-        G::copy_into(target, &value.into_primitive().tensor()).is_ok()
+        let value = Tensor::<GraphCapture<G>, 1>::from_floats([lr as f32], device);
+        copy_float::<G>(target, &value.into_primitive().tensor()).is_ok()
     }
+
+    /// The buffers may have changed (a new learning-rate tensor): check them again
+    /// before the next graph step.
+    pub(crate) fn recheck(&mut self) {
+        self.verified = false;
+    }
+
+    /// Pins the model and optimizer state unless they already are.
+    fn ensure_pinned<M, O>(&mut self, learner: &mut Learner<M, O>) -> Result<(), Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        if self.pins.is_some() {
+            return Ok(());
+        }
+        let (model, optimizer) = learner.parts_mut();
+        let (seated, pins) = Pinned::pin(model.clone(), optimizer)
+            .map_err(|error| Fallback::Trainer(FallbackReason::Graph(error)))?;
+        learner.update(|_, _| seated);
+        self.stats.pinned_bytes = pins.bytes;
+        self.pins = Some(pins);
+        self.verified = true;
+        Ok(())
+    }
+
+    /// Checks that the model and optimizer still sit on the pinned buffers; if not,
+    /// drops every graph (before the buffers they use) and the pins.
+    fn check_pins<M, O>(&mut self, learner: &mut Learner<M, O>) -> Result<(), Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        if self.verified {
+            return Ok(());
+        }
+        let Some(pins) = &self.pins else {
+            return Ok(());
+        };
+        let (model, optimizer) = learner.parts_mut();
+        if pins.unchanged(model, optimizer) {
+            self.verified = true;
+            return Ok(());
+        }
+        self.unpin();
+        self.stats.recaptures += 1;
+        if self.stats.recaptures > self.max_recaptures {
+            return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
+        }
+        Err(Fallback::Repin)
+    }
+}
+
+/// The body of a captured step: the shared training step, then the write-back of the
+/// new values into the pins.
+fn record_step<G, M, O, I, F>(
+    learner: &mut Learner<M, O>,
+    loss_fn: &mut F,
+    batch: &I,
+    pins: &Pinned<G>,
+) -> Result<FloatTensor<G>, Fallback>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>>,
+    F: FnMut(&M, &I) -> Loss<G>,
+{
+    let loss = learner.train(loss_fn, batch).map_err(Fallback::Step)?;
+    let mut failed = None;
+    learner.update(
+        |model, optimizer| match pins.write_back(model.clone(), optimizer) {
+            Ok(seated) => seated,
+            Err(error) => {
+                failed = Some(error);
+                model
+            }
+        },
+    );
+    match failed {
+        Some(error) => Err(Fallback::Shape(FallbackReason::Graph(error))),
+        None => Ok(loss.inner().into_primitive().tensor()),
+    }
+}
+
+/// A copy of `tensor` in a fresh buffer: replays overwrite the graph's own loss buffer.
+fn detached_copy<G: GraphBackend>(tensor: &FloatTensor<G>) -> Loss<G> {
+    let inner =
+        Tensor::<GraphCapture<G>, 1>::from_primitive(TensorPrimitive::Float(tensor.clone()));
+    Tensor::from_inner(inner.mul_scalar(1.0))
 }

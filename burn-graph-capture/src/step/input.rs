@@ -1,110 +1,202 @@
 //! What the trainer needs to know about a batch: its tensors, checked and keyed.
+//!
+//! A replay reads the batch from static buffers that the trainer fills before every
+//! launch, so the trainer must see every tensor of the batch, of every kind: a tensor
+//! it does not see would be read by every replay as it was when the graph was captured.
+//! The unlisted-input guard (`step::guard`) catches such a tensor and keeps its shape
+//! eager; listing it, with `#[derive(StepInput)]`, makes it graph.
 
 use std::fmt::Debug;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
-use burn_backend::tensor::FloatTensor;
+use burn::tensor::{Bool, DType, Int, Shape, Tensor, TensorPrimitive};
 
 use super::error::StepError;
-use crate::backend::GraphBackend;
+use crate::backend::{AnyTensor, GraphBackend};
 
-/// A batch that a [`GraphTrainer`](super::GraphTrainer) can check and key graphs by.
+/// A batch that a [`GraphTrainer`](super::GraphTrainer) can check, key graphs by and
+/// copy into static buffers.
 ///
-/// Implemented for float tensors and tuples of inputs; implement it for your batch
-/// struct by listing its tensors in a fixed order.
+/// Implemented for float, int and bool tensors and for tuples of inputs. For a batch
+/// struct, derive it: `#[derive(StepInput)]` lists every field, nested batch structs
+/// included, in declaration order. The struct's first type parameter is its backend
+/// (or say `#[step_input(backend = YourBackend)]` on the struct).
+///
+/// ```
+/// use burn::prelude::*;
+/// use burn_graph_capture::StepInput;
+///
+/// #[derive(Clone, StepInput)]
+/// struct Tokens<B: Backend> {
+///     ids: Tensor<B, 2, Int>,
+///     padding: Tensor<B, 2, Bool>,
+/// }
+///
+/// #[derive(Clone, StepInput)]
+/// struct Batch<B: Backend> {
+///     inputs: Tokens<B>,
+///     targets: Tensor<B, 2, Int>,
+///     /// Graphs are keyed by this host value: another value, another graph.
+///     #[step_input(key)]
+///     task: u8,
+///     /// Never read by the step closure (a replay would not see it).
+///     #[step_input(skip)]
+///     source: String,
+/// }
+/// ```
+///
+/// No field is silently left out: one that is not an input must say what it is.
+///
+/// ```compile_fail,E0277
+/// # use burn::prelude::*;
+/// #[derive(Clone, burn_graph_capture::StepInput)]
+/// struct Batch<B: Backend> {
+///     x: Tensor<B, 2>,
+///     name: String, // neither an input, nor `key`, nor `skip`
+/// }
+/// ```
 pub trait StepInput<B: AutodiffBackend>: Sized {
-    /// The batch's float tensors, as inner-backend primitives, in a fixed order.
-    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>>;
+    /// Appends the batch's tensors, as inner-backend primitives, in a fixed order.
+    fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>);
 
-    /// The same batch with its tensors replaced, in [`float_tensors`](Self::float_tensors)
-    /// order, by `tensors` (the trainer's static input buffers on GPUs). Takes from the
-    /// front of `tensors` what this batch needs.
-    fn with_float_tensors(
-        &self,
-        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
-    ) -> Self;
+    /// The same batch with its tensors replaced, in
+    /// [`collect_tensors`](Self::collect_tensors) order, by the next ones of `tensors`
+    /// (the trainer's static input buffers on GPUs). A tensor missing there, or of
+    /// another kind, stays as it is; a replay would then read it unlisted, which the
+    /// trainer's guard refuses to capture.
+    fn with_tensors(&self, tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>) -> Self;
+
+    /// Feeds the host values the step depends on into `state`: a batch with other
+    /// values gets its own graph. None by default.
+    fn hash_key(&self, _state: &mut dyn Hasher) {}
+
+    /// The batch's tensors, in [`collect_tensors`](Self::collect_tensors) order.
+    fn tensors(&self) -> Vec<AnyTensor<B::InnerBackend>> {
+        let mut tensors = Vec::new();
+        self.collect_tensors(&mut tensors);
+        tensors
+    }
 }
 
-impl<B: AutodiffBackend, const D: usize> StepInput<B> for Tensor<B, D> {
-    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
-        vec![self.clone().inner().into_primitive().tensor()]
-    }
-
-    fn with_float_tensors(
-        &self,
-        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
-    ) -> Self {
-        match tensors.next() {
-            Some(tensor) => {
-                Tensor::from_inner(Tensor::from_primitive(TensorPrimitive::Float(tensor)))
+/// Implements `StepInput` for one tensor kind.
+macro_rules! tensor_input {
+    ($kind:ty, $variant:ident, $wrap:expr, $unwrap:expr) => {
+        impl<B: AutodiffBackend, const D: usize> StepInput<B> for Tensor<B, D, $kind> {
+            fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
+                let unwrap = $unwrap;
+                tensors.push(AnyTensor::$variant(unwrap(self.clone().inner())));
             }
-            None => self.clone(),
+
+            fn with_tensors(
+                &self,
+                tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>,
+            ) -> Self {
+                match tensors.next() {
+                    Some(AnyTensor::$variant(primitive)) => {
+                        let wrap = $wrap;
+                        Tensor::from_inner(wrap(primitive))
+                    }
+                    _ => self.clone(),
+                }
+            }
+        }
+    };
+}
+
+tensor_input!(
+    burn::tensor::Float,
+    Float,
+    |p| Tensor::from_primitive(TensorPrimitive::Float(p)),
+    |t: Tensor<B::InnerBackend, D>| t.into_primitive().tensor()
+);
+tensor_input!(
+    Int,
+    Int,
+    Tensor::from_primitive,
+    Tensor::<B::InnerBackend, D, Int>::into_primitive
+);
+tensor_input!(
+    Bool,
+    Bool,
+    Tensor::from_primitive,
+    Tensor::<B::InnerBackend, D, Bool>::into_primitive
+);
+
+/// Implements `StepInput` for a tuple of inputs, in element order.
+macro_rules! tuple_input {
+    ($($name:ident . $index:tt),+) => {
+        impl<B: AutodiffBackend, $($name: StepInput<B>),+> StepInput<B> for ($($name,)+) {
+            fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
+                $(self.$index.collect_tensors(tensors);)+
+            }
+
+            fn with_tensors(
+                &self,
+                tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>,
+            ) -> Self {
+                ($(self.$index.with_tensors(tensors),)+)
+            }
+
+            fn hash_key(&self, state: &mut dyn Hasher) {
+                $(self.$index.hash_key(state);)+
+            }
+        }
+    };
+}
+
+tuple_input!(X.0, Y.1);
+tuple_input!(X.0, Y.1, Z.2);
+tuple_input!(X.0, Y.1, Z.2, W.3);
+
+/// Kinds, shapes and dtypes of a batch's tensors, and its host key: one graph per key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct InputKey {
+    pub(crate) tensors: Vec<(Shape, DType)>,
+    pub(crate) host: u64,
+}
+
+impl InputKey {
+    /// A key of float tensors of these shapes and no host values (tests).
+    #[cfg(test)]
+    pub(crate) fn of_shapes(shapes: impl IntoIterator<Item = Shape>) -> Self {
+        Self {
+            tensors: shapes.into_iter().map(|s| (s, DType::F32)).collect(),
+            host: 0,
         }
     }
 }
 
-impl<B: AutodiffBackend, X: StepInput<B>, Y: StepInput<B>> StepInput<B> for (X, Y) {
-    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
-        let mut tensors = self.0.float_tensors();
-        tensors.extend(self.1.float_tensors());
-        tensors
-    }
-
-    fn with_float_tensors(
-        &self,
-        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
-    ) -> Self {
-        let x = self.0.with_float_tensors(tensors);
-        (x, self.1.with_float_tensors(tensors))
-    }
+/// The host key of a batch: its `hash_key` values, hashed.
+pub(crate) fn host_key<B: AutodiffBackend, I: StepInput<B>>(batch: &I) -> u64 {
+    let mut state = DefaultHasher::new();
+    batch.hash_key(&mut state);
+    state.finish()
 }
 
-impl<B: AutodiffBackend, X: StepInput<B>, Y: StepInput<B>, Z: StepInput<B>> StepInput<B>
-    for (X, Y, Z)
-{
-    fn float_tensors(&self) -> Vec<FloatTensor<B::InnerBackend>> {
-        let mut tensors = self.0.float_tensors();
-        tensors.extend(self.1.float_tensors());
-        tensors.extend(self.2.float_tensors());
-        tensors
-    }
-
-    fn with_float_tensors(
-        &self,
-        tensors: &mut std::vec::IntoIter<FloatTensor<B::InnerBackend>>,
-    ) -> Self {
-        let x = self.0.with_float_tensors(tensors);
-        let y = self.1.with_float_tensors(tensors);
-        (x, y, self.2.with_float_tensors(tensors))
-    }
-}
-
-/// Shapes and dtypes of a batch: one graph per key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct InputKey(pub(crate) Vec<(Shape, DType)>);
-
-/// Checks a batch against the model's device and returns its key.
+/// Checks a batch's tensors against the model's device and returns its key.
 pub(crate) fn check_batch<G: GraphBackend>(
-    tensors: &[FloatTensor<G>],
+    tensors: &[AnyTensor<G>],
     device: &G::Device,
+    host: u64,
 ) -> Result<InputKey, StepError> {
     if tensors.is_empty() {
         return Err(StepError::EmptyBatch("the batch has no tensors".into()));
     }
-    check_devices(device, tensors.iter().map(G::float_device))?;
+    check_devices(device, tensors.iter().map(AnyTensor::device))?;
     let mut key = Vec::with_capacity(tensors.len());
     for (index, tensor) in tensors.iter().enumerate() {
         let shape = tensor.shape();
         if shape.num_elements() == 0 {
             return Err(StepError::EmptyBatch(format!(
-                "tensor {index} has shape {:?}",
+                "{} tensor {index} has shape {:?}",
+                tensor.kind(),
                 shape.as_slice()
             )));
         }
         key.push((shape, tensor.dtype()));
     }
-    Ok(InputKey(key))
+    Ok(InputKey { tensors: key, host })
 }
 
 /// Every tensor's device must be the model's.
@@ -122,6 +214,12 @@ fn check_devices<D: PartialEq + Debug>(
         }
     }
     Ok(())
+}
+
+/// Hashes a host value of a batch into its key; what `#[step_input(key)]` calls.
+#[doc(hidden)]
+pub fn hash_key_value<T: Hash + ?Sized>(value: &T, mut state: &mut dyn Hasher) {
+    value.hash(&mut state);
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The mode a step ran in, and the typed reasons for running eagerly.
 
+use std::borrow::Cow;
 use std::fmt;
 
+use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
 use super::registry::TrainerId;
@@ -44,6 +46,20 @@ pub enum FallbackReason {
     },
     /// The step contains an op that cannot be replayed.
     CaptureBreaker(CaptureBreaker),
+    /// The step read a tensor that is neither the trainer's (parameters, optimizer
+    /// state), nor listed by the batch, nor the same constant in every warmup step:
+    /// a replay would read it as the captured step saw it. List it in the batch.
+    UnlistedInput {
+        /// The backend method that read it, e.g. `float_embedding`.
+        op: Cow<'static, str>,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its element type.
+        dtype: DType,
+    },
+    /// The model was put back (`put_model`): this eager step checks that the shape's
+    /// graph still records what the model now does, before replays resume.
+    ModelReplaced,
     /// A parameter or optimizer state buffer is shared with another trainer.
     SharedWithTrainer(TrainerId),
     /// This input shape would need a graph beyond `max_graphs`.
@@ -65,6 +81,8 @@ impl FallbackReason {
             FallbackReason::NoHardwareGraphs => "NoHardwareGraphs",
             FallbackReason::NonStaticControlFlow { .. } => "NonStaticControlFlow",
             FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
+            FallbackReason::UnlistedInput { .. } => "UnlistedInput",
+            FallbackReason::ModelReplaced => "ModelReplaced",
             FallbackReason::SharedWithTrainer(_) => "SharedWithTrainer",
             FallbackReason::GraphCacheFull => "GraphCacheFull",
             FallbackReason::PinnedBuffersChanged => "PinnedBuffersChanged",
@@ -82,6 +100,11 @@ impl fmt::Display for FallbackReason {
                 "non-static control flow (first difference at op {first_difference})"
             ),
             FallbackReason::CaptureBreaker(breaker) => write!(f, "capture breaker: {breaker}"),
+            FallbackReason::UnlistedInput { op, shape, dtype } => write!(
+                f,
+                "unlisted input: `{op}` read a {dtype:?} tensor of shape {shape:?} that the \
+                 batch does not list and that is not the same tensor every step"
+            ),
             FallbackReason::SharedWithTrainer(id) => write!(f, "shared with trainer {}", id.0),
             FallbackReason::Graph(error) => write!(f, "graph error: {error}"),
             other => f.write_str(other.kind()),

@@ -11,8 +11,9 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
-use super::trainer::TrainBackend;
-use crate::backend::{BufferId, GraphBackend, GraphError};
+use crate::backend::{
+    Allocated, AllocationId, AnyTensor, BufferId, GraphBackend, GraphError, TrainBackend,
+};
 use crate::optim::{CapturableOptimizer, StateSlot};
 
 /// The pinned buffers of one trainer.
@@ -38,7 +39,7 @@ impl<G: GraphBackend> Pinned<G> {
     {
         let mut params = BTreeMap::new();
         for (id, tensor) in parameters::<G, M>(&model) {
-            params.insert(id, G::pin(tensor)?);
+            params.insert(id, pin_float::<G>(tensor)?);
         }
         let mut state = Vec::new();
         let mut lr = None;
@@ -47,7 +48,7 @@ impl<G: GraphBackend> Pinned<G> {
             if slot == StateSlot::LearningRate {
                 lr = Some(state.len());
             }
-            match G::pin(primitive(tensor)) {
+            match pin_float::<G>(primitive(tensor)) {
                 Ok(pinned) => state.push(pinned),
                 Err(e) => error = Some(e),
             }
@@ -74,9 +75,9 @@ impl<G: GraphBackend> Pinned<G> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        let ids: Vec<_> = buffers(Some(model), optimizer)
+        let ids: Vec<_> = buffers(model, optimizer)
             .iter()
-            .map(G::buffer_id)
+            .map(buffer_id::<G>)
             .collect();
         ids == self.ids
     }
@@ -92,13 +93,13 @@ impl<G: GraphBackend> Pinned<G> {
             let pinned = self.params.get(&id).ok_or_else(|| {
                 GraphError::CopyMismatch(format!("parameter {id} was not pinned"))
             })?;
-            G::copy_into(pinned, &tensor)?;
+            copy_float::<G>(pinned, &tensor)?;
         }
         let mut index = 0;
         let mut result = Ok(());
         optimizer.visit_state(&mut |_, tensor| {
             let copied = match self.state.get(index) {
-                Some(pinned) => G::copy_into(pinned, &primitive(tensor)),
+                Some(pinned) => copy_float::<G>(pinned, &primitive(tensor)),
                 None => Err(GraphError::CopyMismatch("optimizer state grew".into())),
             };
             if result.is_ok() {
@@ -133,13 +134,46 @@ impl<G: GraphBackend> Pinned<G> {
         self.lr.and_then(|i| self.state.get(i))
     }
 
+    /// The allocations of the pinned buffers, which steps may read (the guard).
+    pub(crate) fn allocations(&self) -> impl Iterator<Item = Option<AllocationId>> + '_ {
+        self.params
+            .values()
+            .chain(&self.state)
+            .map(Allocated::allocation_id)
+    }
+
     fn own_ids(&self) -> Vec<Option<BufferId>> {
         self.params
             .values()
             .chain(&self.state)
-            .map(G::buffer_id)
+            .map(buffer_id::<G>)
             .collect()
     }
+}
+
+/// Pins a float tensor.
+fn pin_float<G: GraphBackend>(tensor: FloatTensor<G>) -> Result<FloatTensor<G>, GraphError> {
+    G::pin(AnyTensor::Float(tensor))?
+        .into_float()
+        .ok_or_else(|| {
+            GraphError::CopyMismatch("pinning a float tensor returned another kind".into())
+        })
+}
+
+/// Copies a float tensor into a pinned one.
+pub(crate) fn copy_float<G: GraphBackend>(
+    dst: &FloatTensor<G>,
+    src: &FloatTensor<G>,
+) -> Result<(), GraphError> {
+    G::copy_into(
+        &AnyTensor::Float(dst.clone()),
+        &AnyTensor::Float(src.clone()),
+    )
+}
+
+/// The address of a float tensor's buffer.
+pub(crate) fn buffer_id<G: GraphBackend>(tensor: &FloatTensor<G>) -> Option<BufferId> {
+    G::buffer_id(&AnyTensor::Float(tensor.clone()))
 }
 
 fn primitive<G: GraphBackend>(tensor: &Tensor<crate::GraphCapture<G>, 1>) -> FloatTensor<G> {
@@ -153,15 +187,13 @@ fn byte_size<G: GraphBackend>(tensor: &FloatTensor<G>) -> u64 {
 /// Every parameter (by `ParamId`) and then every optimizer-state tensor (in
 /// `visit_state` order), as inner primitives: the buffers a trainer registers and pins,
 /// in the order `Pinned` records their identities.
-pub(super) fn buffers<G, M, O>(model: Option<&M>, optimizer: &mut O) -> Vec<FloatTensor<G>>
+pub(super) fn buffers<G, M, O>(model: &M, optimizer: &mut O) -> Vec<FloatTensor<G>>
 where
     G: GraphBackend,
     M: AutodiffModule<TrainBackend<G>>,
     O: CapturableOptimizer<M, TrainBackend<G>>,
 {
-    let mut buffers: Vec<_> = model
-        .map(|model| parameters::<G, M>(model).into_values().collect())
-        .unwrap_or_default();
+    let mut buffers: Vec<_> = parameters::<G, M>(model).into_values().collect();
     optimizer.visit_state(&mut |_, tensor| buffers.push(primitive(tensor)));
     buffers
 }

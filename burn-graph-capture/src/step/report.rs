@@ -41,6 +41,12 @@ pub struct TrainerReport {
     pub recaptures: usize,
     /// The trainer this one shares a buffer with, if any.
     pub shared_with: Option<TrainerId>,
+    /// Copies of the model or optimizer made for `model()`, `optimizer()` and
+    /// `take_model()` while steps wrote into pinned buffers (at most one of each per
+    /// step).
+    pub snapshot_copies: u64,
+    /// Host time spent making those copies, in milliseconds.
+    pub snapshot_ms: f64,
 }
 
 impl TrainerReport {

@@ -2,35 +2,29 @@
 
 use std::marker::PhantomData;
 
-use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsParams, LearningRate};
+use burn::optim::LearningRate;
 use burn::tensor::Tensor;
 use burn_backend::tensor::FloatTensor;
 
-use super::cache::{GraphCache, Plan};
+use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
-use super::graphed::{CapturedStep, Fallback};
-use super::input::{InputKey, StepInput, check_batch};
+use super::graphed::{Fallback, Graphs, Loss};
+use super::input::{InputKey, StepInput, check_batch, host_key};
+use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
-use super::pinning::{Pinned, buffers};
+use super::pinning::{buffer_id, buffers};
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
-use crate::backend::{CaptureSession, GraphBackend, GraphCapture, Recording};
+use super::views::Lent;
+use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
 use crate::optim::CapturableOptimizer;
-
-/// The backend a trainer runs its steps on: autodiff over the decorator over `G`.
-///
-/// The decorator is not optional: without it the trainer could not see the step's op
-/// signature or its capture breakers, and could not tell a static step from one that
-/// would replay wrongly.
-pub type TrainBackend<G> = Autodiff<GraphCapture<G>>;
 
 /// The result of one step.
 #[derive(Debug)]
 pub struct StepOutcome<G: GraphBackend> {
-    /// The step's loss, detached from the autodiff graph.
+    /// The step's loss, detached from the autodiff graph, in a buffer of its own.
     pub loss: Tensor<TrainBackend<G>, 1>,
     /// How the step ran.
     pub mode: StepMode,
@@ -38,10 +32,24 @@ pub struct StepOutcome<G: GraphBackend> {
 
 /// Trains a model with one optimizer step per call, as a CUDA graph where that is safe.
 ///
-/// Each input shape goes through eager warmup steps whose op signatures must match,
-/// then (on backends with hardware graphs) is captured once and replayed. Every step is
-/// guarded: a batch of a new shape, a parameter shared with another trainer, or a step
-/// with capture breakers runs eagerly, and [`StepMode::Eager`] says why.
+/// Each input shape goes through eager warmup steps that must do the same thing (the
+/// same ops, and the same tensors read from outside the batch), then, on backends with
+/// hardware graphs, is captured once and replayed. Every step is guarded: a batch of a
+/// new shape, a parameter shared with another trainer, a tensor the batch does not list,
+/// or a step with capture breakers runs eagerly, and [`StepMode::Eager`] says why.
+///
+/// # Values stay values
+/// [`model`](Self::model), [`optimizer`](Self::optimizer) and
+/// [`take_model`](Self::take_model) hand out copies where the trainer's own tensors are
+/// written in place by later steps (once it has pinned them for graphs), so a clone, a
+/// `valid()` model or a record taken at step k keeps the step-k values for good.
+///
+/// # The step closure
+/// A replay does not call the closure: it repeats what the captured call did. The
+/// closure must therefore be a function of the model and the batch, plus tensors that
+/// stay the same tensors (a mask built once, say): the guard checks this over the warmup
+/// steps and the capture, not afterwards. Tensors the closure keeps beyond a call alias
+/// the trainer's buffers.
 ///
 /// # Panics in the step closure
 /// The closure borrows the model, and the update is applied only after it returns. A
@@ -52,24 +60,19 @@ pub struct GraphTrainer<G, M, O, I, F>
 where
     G: GraphBackend,
 {
-    pub(super) id: TrainerId,
-    pub(super) config: GraphTrainerConfig,
-    pub(super) device: G::Device,
-    pub(super) model: Option<M>,
-    pub(super) optimizer: O,
-    pub(super) step_fn: F,
-    pub(super) cache: GraphCache<CapturedStep<G>>,
-    /// Parameters and optimizer state at fixed addresses, once a graph needs them.
-    pub(super) pinned: Option<Pinned<G>>,
-    /// Whether the model has been checked to sit on the pinned buffers since it last
-    /// entered the trainer. Only `put_model` can change the buffers the trainer's model
-    /// and optimizer use (the trainer never lends them out mutably), so replays skip the
-    /// check (one identity query per parameter and state tensor) while this holds.
-    pub(super) pins_verified: bool,
+    id: TrainerId,
+    config: GraphTrainerConfig,
+    device: G::Device,
+    step_fn: F,
+    learner: Learner<M, O>,
+    graphs: Graphs<G>,
+    lent: Lent<M, O>,
+    /// Whether the model was taken out (`take_model`) and not put back.
+    taken_out: bool,
     /// Registered buffers, kept alive so that their identities stay unique.
     registration: Registration<FloatTensor<G>>,
     shared_with: Option<TrainerId>,
-    pub(super) report: TrainerReport,
+    report: TrainerReport,
     last_mode: Option<StepMode>,
     _input: PhantomData<fn(&I)>,
 }
@@ -88,19 +91,19 @@ where
     /// detected here).
     pub fn new(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
         let device = model.devices().into_iter().next().unwrap_or_default();
+        let model = with_own_state(&model);
         optimizer.init_state(&model);
         let id = TrainerId::next();
         let mut trainer = Self {
             id,
-            cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
+            graphs: Graphs::new(&config),
             config,
             device,
-            model: Some(model),
-            optimizer,
             step_fn,
+            learner: Learner::new(model, optimizer),
+            lent: Lent::default(),
+            taken_out: false,
             registration: Registration::new(id),
-            pinned: None,
-            pins_verified: false,
             shared_with: None,
             report: TrainerReport {
                 trainer: Some(id),
@@ -115,28 +118,46 @@ where
 
     /// Runs one training step on `batch`.
     pub fn step(&mut self, batch: I) -> Result<StepOutcome<G>, StepError> {
-        if self.model.is_none() {
+        if self.taken_out {
             return Err(StepError::ModelTakenOut);
         }
-        let key = check_batch::<G>(&batch.float_tensors(), &self.device)?;
+        let inputs: Vec<AnyTensor<G>> = batch
+            .tensors()
+            .into_iter()
+            .map(AnyTensor::into_inner)
+            .collect();
+        let key = check_batch::<G>(&inputs, &self.device, host_key(&batch))?;
         self.shared_with = registry::shared_with(self.id);
         let plan = match self.shared_with {
             Some(other) => {
                 // The other trainer may sit on this one's pinned buffers (a model cloned
                 // from this trainer's): writing back into them would change its values.
-                self.unpin();
+                self.graphs.unpin();
                 Plan::Eager(FallbackReason::SharedWithTrainer(other))
             }
-            None => self
-                .cache
-                .plan(&key, G::supports_hardware_graphs(&self.device)),
+            None => self.graphs.plan(&key, &self.device),
         };
         let (loss, mode) = match plan {
-            Plan::Warmup => self.warmup_step(&key, &batch)?,
+            Plan::Warmup => {
+                let (loss, observed) = self.observed_step(&batch, &inputs)?;
+                let reason = self.graphs.warmed(&key, observed);
+                (
+                    loss,
+                    StepMode::Eager(reason.unwrap_or(FallbackReason::Warmup)),
+                )
+            }
+            Plan::Verify => {
+                let (loss, observed) = self.observed_step(&batch, &inputs)?;
+                let reason = self.graphs.verified(&key, observed);
+                (
+                    loss,
+                    StepMode::Eager(reason.unwrap_or(FallbackReason::ModelReplaced)),
+                )
+            }
             Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
-            Plan::Capture => self.graph_or_eager(&key, &batch, Self::capture_step)?,
-            Plan::Replay => self.graph_or_eager(&key, &batch, Self::replay_step)?,
+            Plan::Capture | Plan::Replay => self.graph_or_eager(&plan, &key, &batch, &inputs)?,
         };
+        self.lent.clear();
         self.finish_step(&mode);
         Ok(StepOutcome { loss, mode })
     }
@@ -144,45 +165,53 @@ where
     /// Sets the learning rate of the following steps, without re-capturing: once the
     /// optimizer state is pinned, the value is written into the pinned buffer.
     pub fn set_lr(&mut self, lr: LearningRate) {
-        if !self.write_lr(lr) {
+        if !self.graphs.write_lr(lr, &self.device) {
             // A new lr tensor: if pins exist (the write into them failed), the next graph
             // step must see that the optimizer left them.
-            self.optimizer.set_lr(lr);
-            self.pins_verified = false;
+            self.learner.optimizer_mut().set_lr(lr);
+            self.graphs.recheck();
         }
+        self.lent.clear();
     }
 
-    /// The model, for evaluation.
-    ///
-    /// Once the trainer has pinned (on GPUs, at the first capture), the model's
-    /// parameters are the pinned buffers, and every later step overwrites them in place,
-    /// as a replayed graph must. A clone of this model shares those buffers, so it is not
-    /// a snapshot: to keep the current weights, save them (`into_record`, or read them to
-    /// the host) before the next step. A clone handed to another trainer is detected as a
-    /// shared buffer, and both trainers then run eagerly.
+    /// The model, for evaluation and checkpoints: a value that later steps leave as it
+    /// is (see [`GraphTrainer`]'s "Values stay values"). `None` while the model is
+    /// taken out.
     pub fn model(&self) -> Option<&M> {
-        self.model.as_ref()
+        if self.taken_out {
+            return None;
+        }
+        Some(self.lent.model(self.learner.model(), self.graphs.pinned()))
     }
 
-    /// Takes the model out (to save it, say). Steps fail with
-    /// [`StepError::ModelTakenOut`] until it is put back. While it is out no step runs,
-    /// so its values stay as they are.
+    /// Takes the model out (to change or load it, say). Steps fail with
+    /// [`StepError::ModelTakenOut`] until it is put back with
+    /// [`put_model`](Self::put_model). `None` if it is already out.
     pub fn take_model(&mut self) -> Option<M> {
-        self.model.take()
+        let model = self.model()?.clone();
+        self.taken_out = true;
+        Some(model)
     }
 
-    /// Puts a model back. Its buffers are registered again, so a model that now shares
-    /// a buffer with another trainer is detected.
+    /// Puts a model back, or in: the trainer trains it from now on. On GPUs its values
+    /// are copied into the pinned buffers, so graphs survive; each shape's next step
+    /// then runs eagerly and must do what its graph recorded before replays resume.
     pub fn put_model(&mut self, model: M) {
-        self.optimizer.init_state(&model);
-        self.model = Some(model);
-        self.pins_verified = false;
+        let model = with_own_state(&model);
+        self.learner.optimizer_mut().init_state(&model);
+        self.graphs.put_back(&mut self.learner, model);
+        self.taken_out = false;
+        self.lent.clear();
         self.register_buffers();
     }
 
-    /// The optimizer, for saving its record.
-    pub fn optimizer(&self) -> &O {
-        &self.optimizer
+    /// The optimizer, for saving its record: a value that later steps leave as it is.
+    pub fn optimizer(&self) -> &O
+    where
+        O: Clone,
+    {
+        self.lent
+            .optimizer(self.learner.optimizer(), self.graphs.pinned())
     }
 
     /// The configuration the trainer was made with.
@@ -197,45 +226,82 @@ where
 
     /// What the trainer did so far.
     pub fn report(&self) -> TrainerReport {
+        let graphs = self.graphs.stats();
+        let (snapshot_copies, snapshot_ms) = self.lent.stats();
         TrainerReport {
-            graphs_alive: self.cache.graphs_alive(),
+            graphs_alive: self.graphs.graphs_alive(),
             shared_with: self.shared_with,
+            capture_ms: graphs.capture_ms,
+            recaptures: graphs.recaptures,
+            pinned_bytes: graphs.pinned_bytes,
+            snapshot_copies,
+            snapshot_ms,
             ..self.report.clone()
         }
     }
 
-    /// Gives back the model and the optimizer; the trainer's buffers are unregistered.
-    pub fn into_parts(self) -> (Option<M>, O) {
-        (self.model, self.optimizer)
+    /// Gives back the model and the optimizer; the trainer's graphs are dropped and its
+    /// buffers unregistered, so nothing writes into them any more.
+    pub fn into_parts(self) -> (M, O) {
+        self.learner.into_parts()
     }
 
-    fn warmup_step(&mut self, key: &InputKey, batch: &I) -> Result<(Loss<G>, StepMode), StepError> {
+    /// An eager step inside a capture session: what it did, as the graph cache judges
+    /// it. The trainer accounts for its own tensors as they are before the step.
+    fn observed_step(
+        &mut self,
+        batch: &I,
+        inputs: &[AnyTensor<G>],
+    ) -> Result<(Loss<G>, Observation), StepError> {
+        let accounted = self
+            .graphs
+            .owned(&mut self.learner)
+            .with(inputs.iter().map(AnyTensor::allocation_id));
         let device = self.device.clone();
         let (loss, recording) = G::rehearse(&device, || self.eager_step(batch, true))?;
         let recording = recording.unwrap_or_default();
-        let mode = match self.cache.warmed(key, recording) {
-            Some(reason) => StepMode::Eager(reason),
-            None => StepMode::Eager(FallbackReason::Warmup),
+        let observed = Observation {
+            signature: recording.signature,
+            breakers: recording.breakers,
+            unaccounted: accounted.unaccounted(recording.reads),
         };
-        Ok((loss, mode))
+        Ok((loss, observed))
     }
 
     /// Runs a graph step, or the step eagerly with the reason the graph step failed.
     fn graph_or_eager(
         &mut self,
+        plan: &Plan,
         key: &InputKey,
         batch: &I,
-        graph_step: GraphStep<Self, I, G>,
+        inputs: &[AnyTensor<G>],
     ) -> Result<(Loss<G>, StepMode), StepError> {
-        let reason = match graph_step(self, key, batch) {
+        let attempt = if *plan == Plan::Capture {
+            let captured = self.graphs.capture(
+                &mut self.learner,
+                &mut self.step_fn,
+                key,
+                batch,
+                inputs,
+                &self.device,
+            );
+            // Pinning moved the model and optimizer onto other buffers.
+            self.register_buffers();
+            captured.map(|loss| (loss, StepMode::Captured))
+        } else {
+            self.graphs
+                .replay(&mut self.learner, key, inputs)
+                .map(|loss| (loss, StepMode::Replayed))
+        };
+        let reason = match attempt {
             Ok(done) => return Ok(done),
+            Err(Fallback::Step(error)) => return Err(error),
             Err(Fallback::Shape(reason)) => {
-                self.cache.disable(key, reason.clone());
+                self.graphs.disable(key, reason.clone());
                 reason
             }
             Err(Fallback::Trainer(reason)) => {
-                self.unpin();
-                self.cache.disable_all(reason.clone());
+                self.graphs.disable_all(reason.clone());
                 reason
             }
             Err(Fallback::Repin) => FallbackReason::PinnedBuffersChanged,
@@ -244,26 +310,17 @@ where
         Ok((loss, StepMode::Eager(reason)))
     }
 
-    /// One eager optimizer step, optionally recorded.
+    /// One eager optimizer step, optionally recorded; its results are written into the
+    /// pinned buffers where there are any.
     fn eager_step(
         &mut self,
         batch: &I,
         record: bool,
     ) -> Result<(Loss<G>, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let model = self.model.as_ref().ok_or(StepError::ModelTakenOut)?;
-        let loss = (self.step_fn)(model, batch);
-        let [elements] = loss.dims();
-        if elements != 1 {
-            return Err(StepError::NonScalarLoss {
-                shape: vec![elements],
-            });
-        }
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        let model = self.model.take().ok_or(StepError::ModelTakenOut)?;
-        self.model = Some(self.optimizer.step(model, grads));
-        self.write_back_eager();
+        let loss = self.learner.train(&mut self.step_fn, batch)?;
         let recording = session.map(CaptureSession::finish);
+        self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
         Ok((loss.detach(), recording))
     }
@@ -272,7 +329,7 @@ where
         self.report.count(mode);
         let changed = self.last_mode.as_ref() != Some(mode);
         if changed {
-            tracing::info!(trainer = self.id.0, mode = mode.kind(), detail = ?mode, "graph trainer mode change");
+            tracing::info!(trainer = self.id.0, mode = mode.kind(), detail = %ModeDetail(mode), "graph trainer mode change");
             self.last_mode = Some(mode.clone());
         }
         tracing::debug!(trainer = self.id.0, step = self.report.steps, mode = ?mode, "graph trainer step");
@@ -280,10 +337,11 @@ where
 
     /// Registers the current parameter and optimizer-state buffers, releasing the
     /// previous ones.
-    pub(super) fn register_buffers(&mut self) {
-        let buffers = buffers::<G, M, O>(self.model.as_ref(), &mut self.optimizer)
+    fn register_buffers(&mut self) {
+        let (model, optimizer) = self.learner.parts_mut();
+        let buffers = buffers::<G, M, O>(model, optimizer)
             .into_iter()
-            .filter_map(|tensor| G::buffer_id(&tensor).map(|id| (id, tensor)))
+            .filter_map(|tensor| buffer_id::<G>(&tensor).map(|id| (id, tensor)))
             .collect();
         let shared = self.registration.replace(buffers);
         if shared.is_some() && self.shared_with.is_none() {
@@ -293,8 +351,14 @@ where
     }
 }
 
-/// A capture or replay step of a trainer `T`.
-type GraphStep<T, I, G> = fn(&mut T, &InputKey, &I) -> Result<(Loss<G>, StepMode), Fallback>;
+/// A mode for logs: its reason in words.
+struct ModeDetail<'a>(&'a StepMode);
 
-/// A step's loss.
-pub(crate) type Loss<G> = Tensor<TrainBackend<G>, 1>;
+impl std::fmt::Display for ModeDetail<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            StepMode::Eager(reason) => write!(f, "eager: {reason}"),
+            other => f.write_str(other.kind()),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! A tensor primitive of any kind: what a batch lists and what the trainer pins.
+
+use std::fmt;
+
+use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+use burn_backend::{Backend, DType, Shape, TensorMetadata};
+
+/// A float, int or bool tensor primitive of backend `B`.
+pub enum AnyTensor<B: Backend> {
+    /// A float tensor.
+    Float(FloatTensor<B>),
+    /// An int tensor (token ids, targets, indices).
+    Int(IntTensor<B>),
+    /// A bool tensor (masks).
+    Bool(BoolTensor<B>),
+}
+
+impl<B: Backend> AnyTensor<B> {
+    /// The tensor's shape.
+    pub fn shape(&self) -> Shape {
+        match self {
+            AnyTensor::Float(t) => t.shape(),
+            AnyTensor::Int(t) => t.shape(),
+            AnyTensor::Bool(t) => t.shape(),
+        }
+    }
+
+    /// The tensor's element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            AnyTensor::Float(t) => t.dtype(),
+            AnyTensor::Int(t) => t.dtype(),
+            AnyTensor::Bool(t) => t.dtype(),
+        }
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> B::Device {
+        match self {
+            AnyTensor::Float(t) => B::float_device(t),
+            AnyTensor::Int(t) => B::int_device(t),
+            AnyTensor::Bool(t) => B::bool_device(t),
+        }
+    }
+
+    /// `"float"`, `"int"` or `"bool"`, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyTensor::Float(_) => "float",
+            AnyTensor::Int(_) => "int",
+            AnyTensor::Bool(_) => "bool",
+        }
+    }
+
+    /// The float primitive, if this is one.
+    pub fn into_float(self) -> Option<FloatTensor<B>> {
+        match self {
+            AnyTensor::Float(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl<B: super::GraphBackend> AnyTensor<B> {
+    /// The allocation the tensor reads.
+    pub fn allocation_id(&self) -> Option<super::AllocationId> {
+        use super::Allocated;
+        match self {
+            AnyTensor::Float(t) => t.allocation_id(),
+            AnyTensor::Int(t) => t.allocation_id(),
+            AnyTensor::Bool(t) => t.allocation_id(),
+        }
+    }
+}
+
+/// The decorator reuses its inner backend's primitives: relabelling moves, never copies.
+impl<B: super::GraphBackend> AnyTensor<super::GraphCapture<B>> {
+    /// The same primitive, typed as the inner backend's.
+    pub fn into_inner(self) -> AnyTensor<B> {
+        match self {
+            AnyTensor::Float(t) => AnyTensor::Float(t),
+            AnyTensor::Int(t) => AnyTensor::Int(t),
+            AnyTensor::Bool(t) => AnyTensor::Bool(t),
+        }
+    }
+
+    /// The inner backend's primitive, typed as the decorator's.
+    pub fn from_inner(inner: AnyTensor<B>) -> Self {
+        match inner {
+            AnyTensor::Float(t) => AnyTensor::Float(t),
+            AnyTensor::Int(t) => AnyTensor::Int(t),
+            AnyTensor::Bool(t) => AnyTensor::Bool(t),
+        }
+    }
+}
+
+impl<B: Backend> Clone for AnyTensor<B> {
+    fn clone(&self) -> Self {
+        match self {
+            AnyTensor::Float(t) => AnyTensor::Float(t.clone()),
+            AnyTensor::Int(t) => AnyTensor::Int(t.clone()),
+            AnyTensor::Bool(t) => AnyTensor::Bool(t.clone()),
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for AnyTensor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tensor {:?} {:?}",
+            self.kind(),
+            self.shape().as_slice(),
+            self.dtype()
+        )
+    }
+}

@@ -1,0 +1,178 @@
+//! The model and its optimizer, and the one training step that eager runs and captures
+//! share.
+//!
+//! Every step, eager or recorded into a graph, runs exactly [`Learner::train`]: the
+//! user's loss, backward, the optimizer, then [`settle`], which makes the model's state
+//! after a step what the next step must read: tied parameters stay tied, and pending
+//! running statistics are flushed into the module. A step recorded into a graph thus
+//! does what an eager step does, op for op.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::error::StepError;
+use crate::optim::CapturableOptimizer;
+
+/// The model and the optimizer that updates it.
+pub(crate) struct Learner<M, O> {
+    /// `None` only while [`update`](Self::update) runs, or after an optimizer panicked
+    /// in it.
+    model: Option<M>,
+    optimizer: O,
+}
+
+impl<M, O> Learner<M, O> {
+    pub(crate) fn new(model: M, optimizer: O) -> Self {
+        Self {
+            model: Some(model),
+            optimizer,
+        }
+    }
+
+    /// The model. Panics only if an optimizer panicked inside an earlier update.
+    pub(crate) fn model(&self) -> &M {
+        self.model
+            .as_ref()
+            .expect("the trainer's model was lost: its optimizer panicked in an earlier step")
+    }
+
+    pub(crate) fn optimizer(&self) -> &O {
+        &self.optimizer
+    }
+
+    pub(crate) fn optimizer_mut(&mut self) -> &mut O {
+        &mut self.optimizer
+    }
+
+    /// The model and the optimizer, for code that changes both.
+    pub(crate) fn parts_mut(&mut self) -> (&M, &mut O) {
+        let model = self
+            .model
+            .as_ref()
+            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        (model, &mut self.optimizer)
+    }
+
+    /// Replaces the model by `f(model, optimizer)`.
+    pub(crate) fn update(&mut self, f: impl FnOnce(M, &mut O) -> M) {
+        let model = self
+            .model
+            .take()
+            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        self.model = Some(f(model, &mut self.optimizer));
+    }
+
+    pub(crate) fn into_parts(self) -> (M, O) {
+        let model = self
+            .model
+            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        (model, self.optimizer)
+    }
+}
+
+impl<M, O> Learner<M, O> {
+    /// One training step: `loss_fn`'s loss on the model, backward, the optimizer's
+    /// update, [`settle`]. Returns the loss, still attached.
+    pub(crate) fn train<B, F, I>(
+        &mut self,
+        loss_fn: &mut F,
+        batch: &I,
+    ) -> Result<Tensor<B, 1>, StepError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: CapturableOptimizer<M, B>,
+        F: FnMut(&M, &I) -> Tensor<B, 1>,
+    {
+        let loss = loss_fn(self.model(), batch);
+        let [elements] = loss.dims();
+        if elements != 1 {
+            return Err(StepError::NonScalarLoss {
+                shape: vec![elements],
+            });
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), self.model());
+        self.update(|model, optimizer| settle(optimizer.step(model, grads)));
+        Ok(loss)
+    }
+}
+
+/// Makes a model after an optimizer step what the next step must read.
+///
+/// - **Tied parameters.** A module reached through two fields holds one `ParamId`
+///   twice. Autodiff sums both uses into one gradient, but Burn's optimizers update
+///   only the first occurrence and leave the other at its old value, so the tie breaks
+///   after one step (and the next step's ops differ: two autodiff leaves instead of
+///   one). Every later occurrence is re-seated on the updated tensor.
+/// - **Running statistics.** Burn's `RunningState` (BatchNorm's running mean and
+///   variance) keeps a step's new value aside until the next read; `valid()` flushes
+///   it into the module, where the trainer can see it, pin it and write it back.
+pub(crate) fn settle<B: AutodiffBackend, M: AutodiffModule<B>>(model: M) -> M {
+    let model = retie(model);
+    let _flushed = model.valid();
+    model
+}
+
+/// Re-seats every occurrence of a `ParamId` after the first on the first one's tensor
+/// (one autodiff leaf for all): what a module reached through two fields must hold.
+pub(crate) fn retie<B: AutodiffBackend, M: AutodiffModule<B>>(model: M) -> M {
+    if has_tied_params(&model) {
+        model.map(&mut Retie::default())
+    } else {
+        model
+    }
+}
+
+/// `model` with running statistics of its own: Burn's `RunningState` is shared between
+/// clones of a module, so without this a clone kept by the user would see (and make)
+/// the trainer's updates. Tied parameters stay tied.
+pub(crate) fn with_own_state<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M {
+    retie(M::from_inner(model.valid()))
+}
+
+fn has_tied_params<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> bool {
+    #[derive(Default)]
+    struct Ids {
+        seen: BTreeSet<ParamId>,
+        tied: bool,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.tied |= !self.seen.insert(param.id);
+        }
+    }
+    let mut ids = Ids::default();
+    model.visit(&mut ids);
+    ids.tied
+}
+
+/// Re-seats every occurrence of a `ParamId` after the first on the first one's tensor.
+struct Retie<B: AutodiffBackend> {
+    first: BTreeMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: AutodiffBackend> Default for Retie<B> {
+    fn default() -> Self {
+        Self {
+            first: BTreeMap::new(),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Retie<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let tensor = match self.first.get(&id) {
+            Some(first) => Tensor::from_primitive(first.clone()),
+            None => {
+                self.first.insert(id, tensor.clone().into_primitive());
+                tensor
+            }
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
