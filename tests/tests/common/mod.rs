@@ -35,3 +35,4 @@ pub fn adam() -> CapturableAdam<B> {
 pub fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
     model.loss(batch.x.clone(), batch.y.clone())
 }
+pub mod models;

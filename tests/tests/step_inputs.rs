@@ -1,0 +1,216 @@
+//! Batches of every tensor kind: listed, keyed, checked, rebuilt; the derive.
+
+use burn::backend::Flex;
+use burn::prelude::*;
+use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::{
+    AnyTensor, FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepInput, StepMode,
+};
+use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
+
+mod common;
+
+use common::B;
+
+type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+
+#[derive(Clone, Debug, StepInput)]
+struct Masked<B: Backend> {
+    tokens: Tensor<B, 2, Int>,
+    mask: Tensor<B, 2, Bool>,
+}
+
+/// A nested batch: a derived struct, a tuple, a host key and a skipped field.
+#[derive(Clone, Debug, StepInput)]
+struct Nested<B: Backend> {
+    weights: Tensor<B, 1>,
+    inner: Masked<B>,
+    pair: (Tensor<B, 1, Int>, Tensor<B, 2>),
+    #[step_input(key)]
+    task: u8,
+    #[step_input(skip)]
+    note: String,
+}
+
+/// A batch for a concrete backend, which names it.
+#[derive(Clone, StepInput)]
+#[step_input(backend = B)]
+struct Concrete(Tensor<B, 1, Int>);
+
+fn nested(task: u8) -> Nested<B> {
+    let device = Default::default();
+    Nested {
+        weights: Tensor::from_floats([1.0, 2.0], &device),
+        inner: Masked {
+            tokens: Tensor::from_ints([[1, 2, 3]], &device),
+            mask: Tensor::from_bool(TensorData::from([[true, false, true]]), &device),
+        },
+        pair: (
+            Tensor::from_ints([7], &device),
+            Tensor::zeros([2, 2], &device),
+        ),
+        task,
+        note: "not read by the step".into(),
+    }
+}
+
+fn describe(tensors: &[AnyTensor<Inner>]) -> Vec<(&'static str, Vec<usize>)> {
+    tensors
+        .iter()
+        .map(|t| (t.kind(), t.shape().as_slice().to_vec()))
+        .collect()
+}
+
+#[test]
+fn the_derive_lists_every_field_in_declaration_order_nested_ones_included() {
+    let tensors = nested(0).tensors();
+    assert_eq!(
+        describe(&tensors),
+        [
+            ("float", vec![2]),
+            ("int", vec![1, 3]),
+            ("bool", vec![1, 3]),
+            ("int", vec![1]),
+            ("float", vec![2, 2]),
+        ]
+    );
+    assert_eq!(
+        Concrete(Tensor::from_ints([4, 5], &Default::default()))
+            .tensors()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn the_derive_rebuilds_the_batch_from_replacement_tensors_in_order() {
+    let original = nested(3);
+    let other = Nested {
+        weights: Tensor::from_floats([5.0, 6.0], &Default::default()),
+        ..nested(3)
+    };
+    let replacement = other.tensors();
+    let rebuilt = original.with_tensors(&mut replacement.into_iter());
+    let values: Vec<f32> = rebuilt.weights.into_data().to_vec().unwrap();
+    assert_eq!(values, [5.0, 6.0], "the listed tensor was replaced");
+    assert_eq!(rebuilt.task, 3, "key fields are kept");
+    assert_eq!(
+        rebuilt.note, "not read by the step",
+        "skipped fields are kept"
+    );
+    let too_few = original.with_tensors(&mut Vec::new().into_iter());
+    let kept: Vec<f32> = too_few.weights.into_data().to_vec().unwrap();
+    assert_eq!(
+        kept,
+        [1.0, 2.0],
+        "a missing replacement keeps the batch's own tensor"
+    );
+}
+
+type TokenTrainer = GraphTrainer<
+    Flex,
+    CharLm<B>,
+    burn_graph_capture::optim::CapturableAdam<B>,
+    TokenBatch<B>,
+    fn(&CharLm<B>, &TokenBatch<B>) -> Tensor<B, 1>,
+>;
+
+fn token_trainer(config: GraphTrainerConfig) -> TokenTrainer {
+    let device = Default::default();
+    let model = CharLmConfig::new(12, 8).init::<B>(&device);
+    let optimizer = CapturableAdamConfig::new().init::<B>(&device);
+    fn loss(model: &CharLm<B>, batch: &TokenBatch<B>) -> Tensor<B, 1> {
+        model.loss(batch.tokens.clone(), batch.targets.clone())
+    }
+    GraphTrainer::new(model, optimizer, loss, config)
+}
+
+#[test]
+fn int_batches_are_keyed_by_their_shapes() {
+    let device = Default::default();
+    let mut trainer = token_trainer(
+        GraphTrainerConfig::new()
+            .with_warmup_steps(1)
+            .with_max_graphs(2),
+    );
+    let mut task = TokenTask::new(1, 12);
+    let mode = |trainer: &mut GraphTrainer<_, _, _, _, _>, batch| trainer.step(batch).unwrap().mode;
+    assert_eq!(
+        mode(&mut trainer, task.next_batch(2, 5, &device)),
+        StepMode::Eager(FallbackReason::Warmup)
+    );
+    assert_eq!(
+        mode(&mut trainer, task.next_batch(2, 5, &device)),
+        StepMode::Eager(FallbackReason::NoHardwareGraphs),
+        "warmed up: the tokens are listed, so only the CPU stops a graph"
+    );
+    assert_eq!(
+        mode(&mut trainer, task.next_batch(2, 7, &device)),
+        StepMode::Eager(FallbackReason::Warmup),
+        "another sequence length is another key"
+    );
+    assert_eq!(
+        mode(&mut trainer, task.next_batch(3, 7, &device)),
+        StepMode::Eager(FallbackReason::GraphCacheFull)
+    );
+}
+
+#[test]
+fn host_key_fields_key_graphs() {
+    let device = burn::backend::flex::FlexDevice;
+    let model = common::models::BnMlp::<B>::new(4, &device);
+    #[derive(Clone, StepInput)]
+    struct Keyed<B: Backend> {
+        data: common::models::Regression<B>,
+        #[step_input(key)]
+        scale: u32,
+    }
+    let loss = |model: &common::models::BnMlp<B>, batch: &Keyed<B>| {
+        model.loss(&batch.data) * batch.scale as f32
+    };
+    let optimizer = CapturableAdamConfig::new().init::<B>(&device);
+    let mut trainer = GraphTrainer::new(
+        model,
+        optimizer,
+        loss,
+        GraphTrainerConfig::new().with_warmup_steps(1),
+    );
+    let batch = |step, scale| Keyed {
+        data: common::models::Regression::new(step, 4, &device),
+        scale,
+    };
+    assert_eq!(
+        trainer.step(batch(0, 1)).unwrap().mode,
+        StepMode::Eager(FallbackReason::Warmup)
+    );
+    assert_eq!(
+        trainer.step(batch(1, 1)).unwrap().mode,
+        StepMode::Eager(FallbackReason::NoHardwareGraphs)
+    );
+    assert_eq!(
+        trainer.step(batch(2, 2)).unwrap().mode,
+        StepMode::Eager(FallbackReason::Warmup),
+        "another host value, another graph"
+    );
+}
+
+#[test]
+fn an_empty_int_tensor_is_refused_by_kind_and_position() {
+    let device = Default::default();
+    let mut trainer = token_trainer(GraphTrainerConfig::new());
+    let empty = TokenBatch::<B> {
+        tokens: Tensor::from_ints([[1, 2]], &device),
+        targets: Tensor::<B, 2, Int>::empty([1, 0], &device),
+    };
+    let error = trainer.step(empty).unwrap_err();
+    assert_eq!(
+        error,
+        StepError::EmptyBatch("int tensor 1 has shape [1, 0]".into())
+    );
+    assert_eq!(trainer.report().steps, 0, "nothing ran");
+    let mut task = TokenTask::new(2, 12);
+    assert!(
+        trainer.step(task.next_batch(2, 4, &device)).is_ok(),
+        "still usable"
+    );
+}
