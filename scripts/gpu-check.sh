@@ -88,7 +88,7 @@ pack() {
 # The cache is restored from $here/cubecl-cache.tar.gz (copy it into the carried .gpu/
 # folder from a previous run's $OUT) and saved to $OUT/cubecl-cache.tar.gz after each stage.
 # CUBECL_AUTOTUNE_LEVEL=minimal (cubecl's default is balanced) would tune fewer candidates,
-# for both stacks alike, but may pick other (slower) matmuls than DESIGN's anchors did:
+# for both stacks alike, but may pick other (slower) matmuls than the anchors did:
 # leave it unset for reported numbers.
 cubecl_setup() {
     cubecl_dir=${CUBECL_DIR:-/tmp/gpu-check-cubecl}
@@ -117,7 +117,7 @@ cubecl_save() {
 #                  nodes one by one), space-separated
 #   NCU_SIZES      32/64/256 (default), space-separated   NCU_TIMEOUT  seconds per profile (300)
 #   NCU_FLAGS      extra ncu flags, e.g. "--cache-control none" (by default ncu flushes the
-#                  caches before each kernel, as for DESIGN's 21.1 ms anchor)
+#                  caches before each kernel, as for the 21.1 ms anchor in bench/results)
 #   TORCH_TIMEOUT  seconds (default 400)
 #   SPEED_RESULTS  where each stage keeps its latest log for the table (/tmp/gpu-check-speed);
 #                  the table combines the latest speed, ncu and torch logs found there, so
@@ -302,15 +302,16 @@ run() {
         # The whole GraphTrainer suite, one sanitizer process per module side by side
         # (the guards alone took 400 s): GPU_TRAINER_SHORT cuts the 200-step and
         # 1,000-replay runs to a tenth (same code paths; kernels run 10-100x slower here).
+        # MEMCHECK_TRAINER_PARTS picks modules (default: all four).
         local part
         local -A pids
-        for part in guards correctness memory; do
+        for part in ${MEMCHECK_TRAINER_PARTS:-guards correctness memory inputs}; do
             GPU_TRAINER_SHORT=1 timeout "${MEMCHECK_TRAINER_TIMEOUT:-540}" compute-sanitizer --tool memcheck \
                 --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 \
                 "$part::" >"$out/memcheck-trainer-$part.log" 2>&1 &
             pids[$part]=$!
         done
-        for part in guards correctness memory; do
+        for part in "${!pids[@]}"; do
             wait "${pids[$part]}"
             status[memcheck_trainer_$part]=$?
         done

@@ -67,6 +67,16 @@ def main():
            if m.get("timed_not_replayed")]
     for key, n, why in bad:
         print(f"WARNING: {key}: {n} timed steps were not replays (last fallback: {why})")
+    checks = [(size, speed[(size, stack, "graphed")], stack) for size in sizes for stack in ("fused", "cube")
+              if (size, stack, "graphed") in speed and "check_ms_per_step" in speed[(size, stack, "graphed")]]
+    if checks:
+        print("| b/t/h | stack | host checks per step (µs) | graphed ms per step | checks / step |")
+        print("|---|---|---|---|---|")
+        for size, m, stack in checks:
+            check_ms = m["check_ms_per_step"]
+            print(f"| {size} | {stack} | {check_ms * 1e3:.1f} | {fmt(m.get('pipelined_ms'))} "
+                  f"| {fmt(100 * ratio(check_ms, m.get('pipelined_ms')) if m.get('pipelined_ms') else None, 3, '%')} |")
+        print()
     print("Legend: ms per step; graphed and eager times are pipelined (N steps queued, one host "
           "read, divided by N; median of rounds), graphed per-step (each step to a host read) in "
           "brackets. Kernel time: ncu gpu__time_duration.sum over one fused-stack step "

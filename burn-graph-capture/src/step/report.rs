@@ -33,6 +33,9 @@ pub struct TrainerReport {
     pub last_fallback: Option<String>,
     /// Wall time spent capturing graphs, in milliseconds.
     pub capture_ms: f64,
+    /// Host time spent on each step's checks before its work began (listing, checking
+    /// and keying the batch, the share registry, the plan), in milliseconds, summed.
+    pub check_ms: f64,
     /// Bytes pinned in the arena for parameters and optimizer state.
     pub pinned_bytes: u64,
     /// Graphs currently alive.

@@ -1,6 +1,7 @@
 //! `GraphTrainer`: the user-facing training step.
 
 use std::marker::PhantomData;
+use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::optim::LearningRate;
@@ -121,6 +122,7 @@ where
         if self.taken_out {
             return Err(StepError::ModelTakenOut);
         }
+        let checks = Instant::now();
         let inputs: Vec<AnyTensor<G>> = batch
             .tensors()
             .into_iter()
@@ -137,6 +139,7 @@ where
             }
             None => self.graphs.plan(&key, &self.device),
         };
+        self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;
         let (loss, mode) = match plan {
             Plan::Warmup => {
                 let (loss, observed) = self.observed_step(&batch, &inputs)?;

@@ -50,6 +50,7 @@ fn graphed_json(run: &ours::Graphed) -> Value {
     let graph = run.graphs.first();
     json!({
         "capture_ms": run.report.capture_ms,
+        "check_ms_per_step": run.report.check_ms / run.report.steps.max(1) as f64,
         "pinned_bytes": run.report.pinned_bytes,
         "arena_reserved_bytes": run.arena_reserved,
         "graphs_alive": run.graphs.len(),

@@ -1,4 +1,4 @@
-//! What every stack trains on: the DESIGN sizes, one set of initial weights and one data
+//! What every stack trains on: the reference sizes (ARCHITECTURE.md), one set of initial weights and one data
 //! stream per size, so that all columns of a row measure the same step.
 
 use std::fmt;
@@ -24,7 +24,7 @@ pub struct Size {
     pub h: usize,
 }
 
-/// The configurations of DESIGN's measured anchors.
+/// The configurations of the reference configurations (ARCHITECTURE.md).
 pub const ALL: [Size; 3] = [
     Size {
         b: 32,

@@ -1,5 +1,5 @@
 //! Stock Burn on stock burn-cuda: `Autodiff<burn_cuda::Cuda>` (fusion on, Burn's
-//! defaults) with Burn's own `AdamConfig`, the reference of DESIGN's eager anchor.
+//! defaults) with Burn's own `AdamConfig`, the reference of the reference eager step.
 
 use burn::backend::Autodiff;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};

@@ -1,6 +1,7 @@
 //! Models other than the example's LSTM, for the guards: an MLP with `BatchNorm`
 //! (module state the step writes outside parameters) and an MLP whose one layer is
 //! reached through two fields (a tied parameter).
+#![allow(dead_code)] // Each test binary uses a different subset.
 
 use burn::module::{ModuleMapper, Param};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};

@@ -6,7 +6,9 @@
 //! - `guards`: shared parameters, eager work between replays, a trainer dropped with
 //!   replays in flight, a smaller last batch (small sizes: these also run under
 //!   compute-sanitizer);
-//! - `memory`: device memory in use is flat over 1,000 replays.
+//! - `memory`: device memory in use is flat over 1,000 replays;
+//! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,
+//!   snapshots, BatchNorm and tied weights.
 //!
 //! Every test is generic over the inner backend stack and instantiated per stack, as
 //! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameter_runs_eagerly`).
@@ -40,4 +42,7 @@ macro_rules! stack_tests {
 mod common;
 mod correctness;
 mod guards;
+mod inputs;
 mod memory;
+#[path = "../common/models.rs"]
+mod models;

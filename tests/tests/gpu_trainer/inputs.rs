@@ -1,0 +1,501 @@
+//! Every tensor a graph reads is accounted for (issue 11), on the GPU:
+//!
+//! 1. a character-level language model (`Embedding` + `nn::Lstm` + `Linear`,
+//!    cross-entropy on int targets, a derived batch) graphs and equals eager training;
+//! 2. the same model with a batch that lists only a float mask never replays, and says
+//!    which op read the unlisted tokens;
+//! 3. a tensor built once outside the loop and read in the step is a constant: it
+//!    replays and equals eager;
+//! 4. snapshots taken after capture (a model clone, a `valid()` model, one parameter
+//!    tensor, an optimizer record) keep their values while replays go on, and a model
+//!    taken out and put back is checked by one eager step, then replays again;
+//! 5. an MLP with `BatchNorm` graphs: losses, parameters, running statistics and the
+//!    `valid()` model's outputs equal eager training;
+//! 6. a parameter tied through two fields graphs and equals eager training.
+//!
+//! Every run is compared bit for bit with the same training written as plain Burn code
+//! with the same capturable optimizer (tied weights re-tied by hand, as plain Burn code
+//! must). Small sizes: `gpu-check.sh` also runs these under compute-sanitizer memcheck.
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
+use burn_graph_capture::{
+    AnyTensor, FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode, TrainBackend,
+    TrainerReport,
+};
+use lstm_example::train::{load_bytes, parameter_values, to_bytes};
+use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
+
+use crate::common::{
+    Diff, Stack, TOLERANCE, WARMUP, assert_warmup_capture_replay, case, device, lr_at, run_length,
+};
+use crate::models::{BnMlp, Regression, TiedMlp};
+
+const LR: f64 = 1e-2;
+const VOCAB: usize = 32;
+const BATCH: usize = 8;
+const TIME: usize = 16;
+
+type B<G> = TrainBackend<G>;
+
+fn adam<G: Stack>() -> CapturableAdam<B<G>> {
+    CapturableAdamConfig::new()
+        .with_learning_rate(LR)
+        .init(&device())
+}
+
+/// A model of `B<G>` with the weights of `fresh` (built on the CPU): graphed and eager
+/// runs start from the same values.
+fn on_gpu<G: Stack, M: Module<burn::backend::Flex>, N: Module<B<G>>>(fresh: M, empty: N) -> N {
+    load_bytes(empty, to_bytes(fresh), &device())
+}
+
+fn lm_config() -> CharLmConfig {
+    CharLmConfig::new(VOCAB, 32)
+}
+
+fn lm<G: Stack>(bytes: &[u8]) -> CharLm<B<G>> {
+    load_bytes(lm_config().init(&device()), bytes.to_vec(), &device())
+}
+
+fn lm_bytes() -> Vec<u8> {
+    to_bytes(lm_config().init::<burn::backend::Flex>(&Default::default()))
+}
+
+fn lm_loss<G: Stack>(model: &CharLm<B<G>>, batch: &TokenBatch<B<G>>) -> Tensor<B<G>, 1> {
+    model.loss(batch.tokens.clone(), batch.targets.clone())
+}
+
+/// What one training run produced.
+#[derive(Debug, Default)]
+struct Run {
+    losses: Vec<f32>,
+    modes: Vec<StepMode>,
+    params: Vec<Vec<f32>>,
+    report: Option<TrainerReport>,
+}
+
+/// `steps` trainer steps on `batch(step)`, the learning rate changed every step.
+fn graphed<G, M, I, F>(
+    model: M,
+    steps: usize,
+    mut batch: impl FnMut(usize) -> I,
+    loss: F,
+) -> (Run, GraphTrainer<G, M, CapturableAdam<B<G>>, I, F>)
+where
+    G: Stack,
+    M: AutodiffModule<B<G>>,
+    I: StepInput<B<G>>,
+    F: FnMut(&M, &I) -> Tensor<B<G>, 1>,
+{
+    let mut trainer = GraphTrainer::new(model, adam::<G>(), loss, GraphTrainerConfig::new());
+    let mut run = Run::default();
+    for step in 0..steps {
+        trainer.set_lr(lr_at(LR, step));
+        let outcome = trainer.step(batch(step)).expect("step");
+        run.modes.push(outcome.mode);
+        run.losses.push(outcome.loss.into_scalar().elem());
+    }
+    run.params = parameter_values(&trainer.model().expect("model").valid());
+    run.report = Some(trainer.report());
+    (run, trainer)
+}
+
+/// The same training as plain Burn code; `after` runs after each optimizer step.
+fn eager<G, M, I>(
+    mut model: M,
+    steps: usize,
+    mut batch: impl FnMut(usize) -> I,
+    mut loss: impl FnMut(&M, &I) -> Tensor<B<G>, 1>,
+    mut after: impl FnMut(M) -> M,
+) -> (Run, M)
+where
+    G: Stack,
+    M: AutodiffModule<B<G>>,
+{
+    let mut optimizer = adam::<G>();
+    optimizer.init_state(&model);
+    let mut run = Run::default();
+    for step in 0..steps {
+        optimizer.set_lr(lr_at(LR, step));
+        let batch = batch(step);
+        let l = loss(&model, &batch);
+        let grads = GradientsParams::from_grads(l.backward(), &model);
+        model = after(optimizer.step(model, grads));
+        run.losses.push(l.into_scalar().elem());
+    }
+    run.params = parameter_values(&model.valid());
+    (run, model)
+}
+
+/// Asserts a graphed run equal to the eager one (losses and parameters), printing how.
+fn check(case: &str, graphed: &Run, eager: &Run) {
+    let losses = Diff::of(&graphed.losses, &eager.losses);
+    let params = Diff::of(
+        graphed.params.iter().flatten(),
+        eager.params.iter().flatten(),
+    );
+    let report = graphed
+        .report
+        .as_ref()
+        .map(|r| serde_json::to_string(r).unwrap());
+    println!(
+        "graphed vs eager [{case}]: losses {}, params {}; loss {} -> {}; report {}",
+        losses.describe(),
+        params.describe(),
+        eager.losses[0],
+        eager.losses[eager.losses.len() - 1],
+        report.unwrap_or_default()
+    );
+    assert!(
+        losses.max_rel <= TOLERANCE,
+        "{case}: losses {}",
+        losses.describe()
+    );
+    assert!(
+        params.max_rel <= TOLERANCE,
+        "{case}: params {}",
+        params.describe()
+    );
+}
+
+fn token_batches<G: Stack>(seed: u64) -> impl FnMut(usize) -> TokenBatch<B<G>> {
+    let mut task = TokenTask::new(seed, VOCAB);
+    move |_| task.next_batch(BATCH, TIME, &device())
+}
+
+/// 1. The token model graphs and equals eager training over 200 steps.
+fn token_model_graphs_and_equals_eager<G: Stack>() {
+    let steps = run_length(200);
+    let bytes = lm_bytes();
+    let (graphed_run, _) = graphed(lm::<G>(&bytes), steps, token_batches::<G>(5), lm_loss::<G>);
+    assert_warmup_capture_replay(&graphed_run.modes);
+    let (eager_run, _) = eager(
+        lm::<G>(&bytes),
+        steps,
+        token_batches::<G>(5),
+        lm_loss::<G>,
+        |m| m,
+    );
+    assert!(
+        eager_run.losses[steps - 1] < eager_run.losses[0],
+        "the model did not learn (a vacuous comparison)"
+    );
+    check(
+        &case::<G>("token lm, derived batch"),
+        &graphed_run,
+        &eager_run,
+    );
+}
+
+/// The batch of the issue's report: it lists its float mask, not its int tokens.
+#[derive(Clone)]
+struct MaskOnly<B: Backend> {
+    tokens: TokenBatch<B>,
+    mask: Tensor<B, 2>,
+}
+
+impl<B: AutodiffBackend> StepInput<B> for MaskOnly<B> {
+    fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
+        self.mask.collect_tensors(tensors);
+    }
+
+    fn with_tensors(&self, tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>) -> Self {
+        Self {
+            tokens: self.tokens.clone(),
+            mask: self.mask.with_tensors(tensors),
+        }
+    }
+}
+
+fn masked_loss<G: Stack>(model: &CharLm<B<G>>, batch: &MaskOnly<B<G>>) -> Tensor<B<G>, 1> {
+    lm_loss::<G>(model, &batch.tokens) * batch.mask.clone().mean()
+}
+
+/// 2. Tokens left out of the batch: never replays, names the reading op, equals eager.
+fn unlisted_tokens_stay_eager_and_equal_eager<G: Stack>() {
+    let steps = WARMUP + 12;
+    let bytes = lm_bytes();
+    let masked = || {
+        let mut tokens = token_batches::<G>(7);
+        move |step| MaskOnly {
+            tokens: tokens(step),
+            mask: Tensor::ones([BATCH, TIME], &device()),
+        }
+    };
+    let (graphed_run, _) = graphed(lm::<G>(&bytes), steps, masked(), masked_loss::<G>);
+    assert_eq!(
+        graphed_run.modes[0],
+        StepMode::Eager(FallbackReason::Warmup)
+    );
+    for mode in &graphed_run.modes[1..] {
+        let StepMode::Eager(FallbackReason::UnlistedInput { op, shape, dtype }) = mode else {
+            panic!(
+                "expected UnlistedInput, got {mode:?} in {:?}",
+                graphed_run.modes
+            );
+        };
+        assert_eq!(
+            (op.as_ref(), shape.as_slice()),
+            ("embedding", &[BATCH, TIME][..])
+        );
+        assert!(dtype.is_int());
+    }
+    let report = graphed_run.report.as_ref().unwrap();
+    assert_eq!(report.modes.replayed + report.modes.captured, 0);
+    let (eager_run, _) = eager(lm::<G>(&bytes), steps, masked(), masked_loss::<G>, |m| m);
+    check(
+        &case::<G>("token lm, unlisted tokens"),
+        &graphed_run,
+        &eager_run,
+    );
+}
+
+/// 3. A mask built once, outside the loop, read inside the step: a constant.
+fn a_constant_mask_replays_and_equals_eager<G: Stack>() {
+    let steps = run_length(200);
+    let bytes = lm_bytes();
+    let weights: Vec<f32> = (0..BATCH * TIME)
+        .map(|i| 0.5 + (i % 3) as f32 * 0.25)
+        .collect();
+    let mask = Tensor::<B<G>, 2>::from_data(TensorData::new(weights, [BATCH, TIME]), &device());
+    let weighted = |mask: Tensor<B<G>, 2>| {
+        move |model: &CharLm<B<G>>, batch: &TokenBatch<B<G>>| {
+            let logits = model.forward(batch.tokens.clone());
+            let per_position = logits.mean_dim(2).squeeze_dim::<2>(2);
+            lm_loss::<G>(model, batch) + (per_position * mask.clone()).mean() * 1e-2
+        }
+    };
+    let (graphed_run, _) = graphed(
+        lm::<G>(&bytes),
+        steps,
+        token_batches::<G>(9),
+        weighted(mask.clone()),
+    );
+    assert_warmup_capture_replay(&graphed_run.modes);
+    let (eager_run, _) = eager(
+        lm::<G>(&bytes),
+        steps,
+        token_batches::<G>(9),
+        weighted(mask),
+        |m| m,
+    );
+    check(
+        &case::<G>("token lm, constant mask"),
+        &graphed_run,
+        &eager_run,
+    );
+}
+
+/// The first float parameter's tensor, cloned: a single parameter snapshot.
+fn first_param<Bk: Backend, M: Module<Bk>>(model: &M) -> Tensor<Bk, 1> {
+    struct First<Bk: Backend>(Option<Tensor<Bk, 1>>);
+    impl<Bk: Backend> ModuleVisitor<Bk> for First<Bk> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+            if self.0.is_none() {
+                self.0 = Some(param.val().flatten(0, D - 1));
+            }
+        }
+    }
+    let mut first = First(None);
+    model.visit(&mut first);
+    first.0.expect("a float parameter")
+}
+
+fn values<Bk: Backend>(tensor: Tensor<Bk, 1>) -> Vec<u32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// 4. Snapshots after capture keep their values over 50 more steps; the trainer keeps
+/// replaying meanwhile. Then a model taken out and put back: one verifying eager step,
+/// then replays, and the whole run equals eager training.
+fn snapshots_keep_their_values<G: Stack>() {
+    let later = run_length(50).max(5);
+    let steps = WARMUP + 1 + later + 6;
+    let bytes = lm_bytes();
+    let mut trainer = GraphTrainer::new(
+        lm::<G>(&bytes),
+        adam::<G>(),
+        lm_loss::<G>,
+        GraphTrainerConfig::new(),
+    );
+    let mut batch = token_batches::<G>(13);
+    let mut run = Run::default();
+    let mut step = |trainer: &mut GraphTrainer<_, _, _, _, _>, run: &mut Run, index: usize| {
+        trainer.set_lr(lr_at(LR, index));
+        let outcome = trainer.step(batch(index)).expect("step");
+        run.modes.push(outcome.mode);
+        run.losses.push(outcome.loss.into_scalar().elem());
+    };
+    for index in 0..=WARMUP {
+        step(&mut trainer, &mut run, index);
+    }
+    assert_eq!(run.modes[WARMUP], StepMode::Captured);
+    let model = trainer.model().expect("model");
+    let clone = model.clone();
+    let valid = model.valid();
+    let param = first_param(model);
+    let record = trainer.optimizer().to_record();
+    let record_param = record.params.values().next().expect("state")[0].clone();
+    let taken = (
+        parameter_values(&clone),
+        parameter_values(&valid),
+        values(param.clone()),
+        values(record_param.clone()),
+    );
+    for index in WARMUP + 1..WARMUP + 1 + later {
+        step(&mut trainer, &mut run, index);
+    }
+    assert!(
+        run.modes[WARMUP + 1..]
+            .iter()
+            .all(|m| *m == StepMode::Replayed),
+        "{:?}",
+        run.modes
+    );
+    assert_ne!(
+        parameter_values(trainer.model().unwrap()),
+        taken.0,
+        "training moved on"
+    );
+    assert_eq!(
+        parameter_values(&clone),
+        taken.0,
+        "a model clone keeps its values"
+    );
+    assert_eq!(
+        parameter_values(&valid),
+        taken.1,
+        "a valid() model keeps its values"
+    );
+    assert_eq!(
+        values(param),
+        taken.2,
+        "a parameter tensor keeps its values"
+    );
+    assert_eq!(
+        values(record_param),
+        taken.3,
+        "an optimizer record keeps its values"
+    );
+
+    // Out and back in: one verifying eager step, then replays again.
+    let out = trainer.take_model().expect("model");
+    assert!(trainer.model().is_none());
+    trainer.put_model(out);
+    for index in WARMUP + 1 + later..steps {
+        step(&mut trainer, &mut run, index);
+    }
+    let after_put = &run.modes[WARMUP + 1 + later..];
+    assert_eq!(
+        after_put[0],
+        StepMode::Eager(FallbackReason::ModelReplaced),
+        "{after_put:?}"
+    );
+    assert!(
+        after_put[1..].iter().all(|m| *m == StepMode::Replayed),
+        "{after_put:?}"
+    );
+    let report = trainer.report();
+    println!(
+        "snapshots [{}]: {} copies, {:.3} ms in all; recaptures {}; replayed {} of {steps}",
+        case::<G>("token lm"),
+        report.snapshot_copies,
+        report.snapshot_ms,
+        report.recaptures,
+        report.modes.replayed
+    );
+    run.params = parameter_values(&trainer.model().unwrap().valid());
+    run.report = Some(report);
+    let (eager_run, _) = eager(
+        lm::<G>(&bytes),
+        steps,
+        token_batches::<G>(13),
+        lm_loss::<G>,
+        |m| m,
+    );
+    check(
+        &case::<G>("token lm, snapshots and put_model"),
+        &run,
+        &eager_run,
+    );
+}
+
+fn regression<G: Stack>(step: usize) -> Regression<B<G>> {
+    Regression::new(step, 16, &device())
+}
+
+/// 5. BatchNorm: graphs; losses, parameters, running statistics and `valid()` outputs
+/// equal eager training.
+fn batch_norm_graphs_and_equals_eager<G: Stack>() {
+    let steps = run_length(200);
+    let fresh = BnMlp::<burn::backend::Flex>::new(32, &Default::default());
+    let model = || on_gpu::<G, _, _>(fresh.clone(), BnMlp::new(32, &device()));
+    let loss = |model: &BnMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
+    assert_warmup_capture_replay(&graphed_run.modes);
+    let (eager_run, eager_model) = eager(model(), steps, regression::<G>, loss, |m| m);
+    check(&case::<G>("batchnorm mlp"), &graphed_run, &eager_run);
+    let trained = trainer.model().expect("model");
+    assert_eq!(
+        trained.running_stats(),
+        eager_model.running_stats(),
+        "running statistics"
+    );
+    let probe = Regression::<burn_graph_capture::GraphCapture<G>>::new(999, 16, &device());
+    let outputs = |m: &BnMlp<burn_graph_capture::GraphCapture<G>>| {
+        values(m.forward(probe.x.clone()).flatten(0, 1))
+    };
+    assert_eq!(
+        outputs(&trained.valid()),
+        outputs(&eager_model.valid()),
+        "valid() outputs"
+    );
+    let (mean, _) = trained.running_stats();
+    assert!(mean.iter().any(|m| *m != 0.0), "the running mean moved");
+}
+
+/// 6. A parameter tied through two fields: graphs, stays tied, equals eager training.
+fn tied_weights_graph_and_equal_eager<G: Stack>() {
+    let steps = run_length(200);
+    let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
+    let model = || {
+        let mut model = on_gpu::<G, _, _>(fresh.clone(), TiedMlp::new(&device()));
+        model.retie();
+        model
+    };
+    let loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
+    assert_warmup_capture_replay(&graphed_run.modes);
+    assert!(trainer.model().unwrap().tied());
+    let (eager_run, _) = eager(
+        model(),
+        steps,
+        regression::<G>,
+        loss,
+        |mut m: TiedMlp<B<G>>| {
+            m.retie();
+            m
+        },
+    );
+    check(&case::<G>("tied mlp"), &graphed_run, &eager_run);
+}
+
+stack_tests!(
+    token_model_graphs_and_equals_eager,
+    unlisted_tokens_stay_eager_and_equal_eager,
+    a_constant_mask_replays_and_equals_eager,
+    snapshots_keep_their_values,
+    batch_norm_graphs_and_equals_eager,
+    tied_weights_graph_and_equal_eager,
+);
