@@ -1,5 +1,5 @@
-# From ../shared/anchors/torch_anchor.py (DESIGN.md "Measured anchors"), copied unchanged below this line; run by scripts/gpu-check.sh stage `torch`.
-"""Performance anchor: PyTorch LSTM training step, eager vs whole-step CUDA graph, on the configurations in DESIGN.md."""
+# PyTorch's reference step (the project's anchor script, kept here unchanged below this line); run by scripts/gpu-check.sh stage `torch`.
+"""Performance anchor: PyTorch LSTM training step, eager vs whole-step CUDA graph, on the reference configurations of ARCHITECTURE.md."""
 import sys, time, json, statistics
 import torch, torch.nn as nn
 

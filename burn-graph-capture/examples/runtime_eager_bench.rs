@@ -1,6 +1,6 @@
 //! Eager LSTM step time and memory: `CudaGraphRuntime` against stock burn-cuda (issue 3).
 //!
-//! For each DESIGN configuration (b/t/h) it warms both stacks up, then times steps (forward,
+//! For each reference configuration (b/t/h) it warms both stacks up, then times steps (forward,
 //! backward, Adam, loss read back) in interleaved rounds: a few steps on one stack, then as
 //! many on the other, the first stack alternating between rounds. Single runs were noisy
 //! (ratio 0.975 to 1.263 over two runs, 2026-11-30), so it reports the median and IQR of

@@ -1,4 +1,4 @@
-//! `nn::Lstm` + `Linear` head, the model of DESIGN's measured anchors.
+//! `nn::Lstm` + `Linear` head, the model of the reference configurations (ARCHITECTURE.md).
 
 use burn::nn::{Linear, LinearConfig, Lstm, LstmConfig};
 use burn::prelude::*;

@@ -131,7 +131,7 @@ impl GraphBackend for CudaCube {
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
-        same_kind(dst, src)?;
+        dst.check_same_kind(src)?;
         let (dst, src) = (cube(dst), cube(src));
         if dst.shape() != src.shape() || dst.dtype != src.dtype {
             return Err(GraphError::CopyMismatch(format!(
@@ -183,21 +183,6 @@ fn map_cube(
         AnyTensor::Int(t) => AnyTensor::Int(f(t)?),
         AnyTensor::Bool(t) => AnyTensor::Bool(f(t)?),
     })
-}
-
-/// The two tensors of a copy must be of one kind.
-pub(crate) fn same_kind<B: burn_backend::Backend>(
-    dst: &AnyTensor<B>,
-    src: &AnyTensor<B>,
-) -> Result<(), GraphError> {
-    if dst.kind() != src.kind() {
-        return Err(GraphError::CopyMismatch(format!(
-            "dst is a {} tensor, src a {} tensor",
-            dst.kind(),
-            src.kind()
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -117,7 +117,7 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
-        super::cuda::same_kind(dst, src)?;
+        dst.check_same_kind(src)?;
         let (d, s) = (fused(dst), fused(src));
         if d.shape != s.shape || d.dtype != s.dtype {
             return Err(GraphError::CopyMismatch(format!(

@@ -52,6 +52,18 @@ impl<B: Backend> AnyTensor<B> {
         }
     }
 
+    /// A copy between `self` and `other` needs one kind on both sides.
+    pub fn check_same_kind(&self, other: &Self) -> Result<(), super::GraphError> {
+        if self.kind() == other.kind() {
+            return Ok(());
+        }
+        Err(super::GraphError::CopyMismatch(format!(
+            "a {} tensor and a {} tensor",
+            self.kind(),
+            other.kind()
+        )))
+    }
+
     /// The float primitive, if this is one.
     pub fn into_float(self) -> Option<FloatTensor<B>> {
         match self {

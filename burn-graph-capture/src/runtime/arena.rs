@@ -1,5 +1,5 @@
 //! The arena: a device memory pool of its own for pinned tensors (parameters, optimizer
-//! state, lr/step tensors), so their addresses stay fixed while a trainer lives (DESIGN I2).
+//! state, lr/step tensors), so their addresses stay fixed while a trainer lives (I2).
 //!
 //! It is a second `MemoryManagement` beside the server's normal pools, in persistent mode:
 //! every slice is its own page, and a slice is handed out again only once every handle to

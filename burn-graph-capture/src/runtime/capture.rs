@@ -2,7 +2,7 @@
 //!
 //! A window records everything the server queues on its one stream into a CUDA graph
 //! (`cuStreamBeginCapture` in THREAD_LOCAL mode: only the server's worker thread records,
-//! and unsafe calls from other threads are not affected). While it is open (DESIGN I5):
+//! and unsafe calls from other threads are not affected). While it is open (I5):
 //! - no host sync: `read`, `sync`, profiling and dynamic cube counts break the window;
 //! - no stream-ordered allocation: a device page the pools need inside the window comes
 //!   from plain `cuMemAlloc` in relaxed capture mode (as PyTorch's caching allocator
@@ -16,7 +16,7 @@
 //! graph away and returns the first error. Nothing recorded has run, so the caller can run
 //! the step eagerly from the same state.
 //!
-//! Retention (DESIGN I1): every binding a recorded launch or copy used (outside the
+//! Retention (I1): every binding a recorded launch or copy used (outside the
 //! window's own graph pool, which the graph owns whole), every metadata upload and every
 //! pinned staging area a recorded copy reads is kept by the graph. A kept
 //! binding keeps its pool slice "in use", so the pools never hand it to another allocation

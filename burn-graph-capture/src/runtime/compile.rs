@@ -1,7 +1,7 @@
 //! Kernel compilation: CubeCL IR → CUDA C++ (cubecl-cpp) → PTX (NVRTC) → loaded function.
 //!
 //! Compiled functions are cached in memory by `KernelId`, so each kernel is compiled once
-//! per server (a capture window must never compile, DESIGN I5; warmup fills this cache).
+//! per server (a capture window must never compile, I5; warmup fills this cache).
 //! The NVRTC option list is assembled by a pure function so it can be unit tested.
 
 use super::error::launch_err;

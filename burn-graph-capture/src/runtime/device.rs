@@ -2,7 +2,7 @@
 //!
 //! CubeCL keys its per-device worker threads and servers by `DeviceId`. This device uses
 //! its own `type_id`, so a process can hold stock cubecl-cuda and this runtime on the same
-//! GPU without the two sharing one server (DESIGN: "Give your device its own DeviceId").
+//! GPU without the two sharing one server (ARCHITECTURE.md, hazards).
 
 use cubecl_common::device::{Device, DeviceId};
 

@@ -81,7 +81,7 @@ pub(crate) fn launch_err(call: &str, error: DriverError) -> LaunchError {
 /// Why a capture window, a replay or an arena call failed.
 ///
 /// A window that fails is always closed: the stream has left capture mode, nothing the
-/// window recorded has run, and the stream is usable for eager work (DESIGN I5).
+/// window recorded has run, and the stream is usable for eager work (I5).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaptureError {
     /// `capture_begin` while a window is open on this server.

@@ -1,7 +1,7 @@
 //! Private pools of captured steps: memory a graph owns, reused inside its capture.
 //!
 //! A graph's kernels read and write fixed addresses, so nothing they touch may be handed
-//! to other work while the graph lives (DESIGN I1). Retaining every buffer at the launch
+//! to other work while the graph lives (I1). Retaining every buffer at the launch
 //! that touches it keeps that promise but forbids reuse inside the captured step, so a
 //! graph would hold every intermediate of the step at once. Instead, a window can record
 //! into a pool of its own, as PyTorch's private graph pools do: work inside the window

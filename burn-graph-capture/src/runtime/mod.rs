@@ -1,7 +1,7 @@
 //! `CudaGraphRuntime`: this crate's CubeCL runtime for NVIDIA GPUs.
 //!
 //! cubecl-cuda 0.10 keeps its stream and memory pools private, so nothing outside it can
-//! capture its launches; this runtime owns them instead (see DESIGN.md, layer 1). Outside a
+//! capture its launches; this runtime owns them instead (see ARCHITECTURE.md, layers). Outside a
 //! capture window it behaves like stock cubecl-cuda: NVRTC-compiled CUDA C++ from
 //! cubecl-cpp, pooled device memory, pinned staging for transfers.
 //!

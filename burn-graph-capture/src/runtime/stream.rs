@@ -5,8 +5,7 @@
 //! a GC thread. This runtime maps **every** `StreamId` onto one CUDA stream
 //! ([`StreamMap::resolve`] is the one place that mapping lives), so ordering is program
 //! order, there are no cross-stream waits, and a later capture window sees all work of the
-//! step on the stream it captures (DESIGN hazards: "Prefer ... a single stream";
-//! "Every `StreamId` ... must map to the capturing CUDA stream").
+//! step on the stream it captures (ARCHITECTURE.md, hazards).
 
 use super::{
     arena::is_arena,

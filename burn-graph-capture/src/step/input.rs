@@ -56,6 +56,17 @@ use crate::backend::{AnyTensor, GraphBackend};
 ///     name: String, // neither an input, nor `key`, nor `skip`
 /// }
 /// ```
+///
+/// A batch without a type parameter names its backend; without it, the derive says so.
+///
+/// ```compile_fail
+/// # use burn::prelude::*;
+/// type B = burn_graph_capture::TrainBackend<burn::backend::Flex>;
+/// #[derive(Clone, burn_graph_capture::StepInput)]
+/// struct Batch {
+///     x: Tensor<B, 2>,
+/// }
+/// ```
 pub trait StepInput<B: AutodiffBackend>: Sized {
     /// Appends the batch's tensors, as inner-backend primitives, in a fixed order.
     fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>);

@@ -78,7 +78,7 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     diff.sqrt() / norm.sqrt().max(1e-30)
 }
 
-/// LSTM + linear head, as in DESIGN's anchors (head on every timestep).
+/// LSTM + linear head, as in the reference configurations (ARCHITECTURE.md) (head on every timestep).
 #[derive(Module, Debug)]
 pub struct Net<B: Backend> {
     pub lstm: Lstm<B>,

@@ -2,8 +2,7 @@
 //!
 //! CubeCL's `MemoryManagement` slices pages out of a `ComputeStorage`; the two storages
 //! here only allocate and free whole pages. Device frees are queued and applied on
-//! `flush`, so a later capture window can hold them back (DESIGN hazard: "The drop queue
-//! and storage flush free memory on fences. Defer them while capturing").
+//! `flush`, so a later capture window can hold them back (ARCHITECTURE.md, hazards).
 
 pub mod gpu;
 pub mod pinned;
