@@ -40,30 +40,28 @@ for line in sys.stdin:
         print(m["executable"])' "$test"
 }
 
+# GPU_PACK (default: all) names the binaries to build, space-separated, out of:
+# gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench
+# gpu_conformance. A stage whose binary is not packed fails to start.
 pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
     export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
-    local runtime_bin capture_bin trainer_bin speed_bin precision_bin
-    runtime_bin=$(test_binary burn-graph-capture gpu_runtime)
-    precision_bin=$(test_binary burn-graph-capture gpu_precision)
-    capture_bin=$(test_binary burn-graph-capture gpu_capture)
-    trainer_bin=$(test_binary integration-tests gpu_trainer)
-    speed_bin=$(test_binary integration-tests gpu_graph_speed bench)
-    for bin in "$runtime_bin" "$capture_bin" "$trainer_bin" "$speed_bin" "$precision_bin"; do
-        [ -n "$bin" ] || { echo "build of a GPU test binary failed"; exit 1; }
-    done
-    cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
-        || { echo "build of the bench failed"; exit 1; }
-    # CubeCL conformance suites: a workspace of its own (see conformance/Cargo.toml).
-    local conformance_bin
-    conformance_bin=$(cd "$here/../conformance" && test_binary gpu-conformance gpu_conformance test "")
-    [ -n "$conformance_bin" ] || { echo "build of gpu_conformance failed"; exit 1; }
-    local bench_bin="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench"
-    for pair in "$runtime_bin:gpu_runtime" "$capture_bin:gpu_capture" \
-        "$trainer_bin:gpu_trainer" "$speed_bin:gpu_graph_speed" "$bench_bin:runtime_eager_bench" \
-        "$conformance_bin:gpu_conformance" "$precision_bin:gpu_precision"; do
-        local src=${pair%%:*} name=${pair##*:}
+    local wanted=${GPU_PACK:-gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance}
+    local name src
+    for name in $wanted; do
+        case $name in
+        gpu_runtime | gpu_precision | gpu_capture) src=$(test_binary burn-graph-capture "$name") ;;
+        gpu_trainer) src=$(test_binary integration-tests gpu_trainer) ;;
+        gpu_graph_speed) src=$(test_binary integration-tests gpu_graph_speed bench) ;;
+        runtime_eager_bench)
+            cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
+                && src="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench" ;;
+        # CubeCL conformance suites: a workspace of its own (see conformance/Cargo.toml).
+        gpu_conformance) src=$(cd "$here/../conformance" && test_binary gpu-conformance gpu_conformance test "") ;;
+        *) echo "unknown binary $name"; exit 2 ;;
+        esac
+        [ -n "$src" ] && [ -f "$src" ] || { echo "build of $name failed"; exit 1; }
         cp "$src" "$dest/$name"
         strip "$dest/$name" 2>/dev/null || true
         xz -T2 -6 -f "$dest/$name"

@@ -93,13 +93,13 @@ impl<G: GraphBackend> Pinned<G> {
             let pinned = self.params.get(&id).ok_or_else(|| {
                 GraphError::CopyMismatch(format!("parameter {id} was not pinned"))
             })?;
-            copy_float::<G>(pinned, &tensor)?;
+            write_pinned::<G>(pinned, &tensor)?;
         }
         let mut index = 0;
         let mut result = Ok(());
         optimizer.visit_state(&mut |_, tensor| {
             let copied = match self.state.get(index) {
-                Some(pinned) => copy_float::<G>(pinned, &primitive(tensor)),
+                Some(pinned) => write_pinned::<G>(pinned, &primitive(tensor)),
                 None => Err(GraphError::CopyMismatch("optimizer state grew".into())),
             };
             if result.is_ok() {
@@ -158,6 +158,21 @@ fn pin_float<G: GraphBackend>(tensor: FloatTensor<G>) -> Result<FloatTensor<G>, 
         .ok_or_else(|| {
             GraphError::CopyMismatch("pinning a float tensor returned another kind".into())
         })
+}
+
+/// Copies `src` into the pinned `dst`, unless `src` already is that buffer (the
+/// learning rate that `set_lr` wrote in place, state nothing replaced): a copy onto
+/// itself would overlap.
+fn write_pinned<G: GraphBackend>(
+    dst: &FloatTensor<G>,
+    src: &FloatTensor<G>,
+) -> Result<(), GraphError> {
+    let same = dst.allocation_id().is_some() && dst.allocation_id() == src.allocation_id();
+    if same {
+        Ok(())
+    } else {
+        copy_float::<G>(dst, src)
+    }
 }
 
 /// Copies a float tensor into a pinned one.
