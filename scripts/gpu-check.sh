@@ -8,6 +8,7 @@
 #   bash .gpu/gpu-check.sh run [WHAT]  on the GPU machine (no Rust): unpacks them, runs the
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
 #       last. WHAT (default "all") is one of: all, smoke, tests (= runtime + trainer),
+#       suite (every GPU test and memcheck side by side, see suite_stage),
 #       runtime (gpu_runtime and gpu_capture), trainer, speed, ncu, torch,
 #       perf (= speed + ncu + torch), memcheck (= memcheck-runtime, on gpu_runtime and
 #       gpu_capture, + memcheck-trainer, on gpu_trainer), bench (= perf + the eager runtime bench),
@@ -256,6 +257,9 @@ run() {
         timeout "${TRAINER_TIMEOUT:-540}" "$bin/gpu_trainer" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/trainer.log"
         status[trainer]=${PIPESTATUS[0]}
     fi
+    if [[ $what == suite ]]; then
+        suite_stage
+    fi
     speed_stages "$what"
     if [[ $what == all || $what == bench ]]; then
         timeout "$t_bench" "$bin/runtime_eager_bench" "${BENCH_STEPS:-60}" 2>&1 | tee "$out/bench.log"
@@ -319,8 +323,8 @@ run() {
     echo
     echo "================ summary ================"
     cat "$out/machine.txt"
-    for log in smoke tests capture trainer; do
-        [ -f "$out/$log.log" ] && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \(|graphed vs eager)" "$out/$log.log"
+    for log in "$out"/smoke.log "$out"/tests.log "$out"/capture.log "$out"/trainer*.log; do
+        [ -f "$log" ] && echo "-- $(basename "$log")" && grep -E "^test result|^test .*(ok|FAILED)$|(smoke|op parity|lstm \(|graphed vs eager|snapshots \[)" "$log"
     done
     [ -f "$out/conformance.md" ] && cat "$out/conformance.md"
     [ -f "$out/precision.log" ] && grep -E "^\| |^test result" "$out/precision.log"
@@ -336,6 +340,50 @@ run() {
     for k in "${!status[@]}"; do echo "| $k | ${status[$k]} |"; done
     for k in "${!seconds[@]}"; do echo "stage $k: ${seconds[$k]} s"; done
     speed_summary
+}
+
+# Every GPU test side by side in one call (the device machine has 16 cores and the tests
+# use a fraction of the GPU): the trainer modules at full length, each under
+# compute-sanitizer memcheck at a tenth (GPU_TRAINER_SHORT), gpu_capture with and without
+# the sanitizer, and gpu_runtime. Each process runs in a directory of its own, with its
+# own cubecl.toml, so that no two write one autotune cache.
+#   SUITE_PARTS     trainer modules at full length (default: inputs correctness guards memory)
+#   SUITE_MEMCHECK  trainer modules under memcheck (default: the same four)
+#   SUITE_RUNTIME   1 (default) to run gpu_runtime too; SUITE_TIMEOUT seconds each (560)
+suite_stage() {
+    local -A pids
+    local t=${SUITE_TIMEOUT:-560} part dir
+    isolated() { # NAME CMD...: runs CMD in /tmp/suite-NAME with its own autotune cache
+        local name=$1 dir=/tmp/suite-$1
+        shift
+        mkdir -p "$dir/cache"
+        printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+        (cd "$dir" && GPU_OURS_AUTOTUNE=$dir/cache/autotune "$@") >"$out/$name.log" 2>&1
+    }
+    for part in ${SUITE_PARTS:-inputs correctness guards memory}; do
+        isolated "trainer-$part" timeout "$t" "$bin/gpu_trainer" --include-ignored --test-threads=1 \
+            --nocapture "$part::" &
+        pids[trainer-$part]=$!
+    done
+    for part in ${SUITE_MEMCHECK:-inputs correctness guards memory}; do
+        GPU_TRAINER_SHORT=1 isolated "memcheck-trainer-$part" timeout "$t" compute-sanitizer --tool memcheck \
+            --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 "$part::" &
+        pids[memcheck-trainer-$part]=$!
+    done
+    isolated capture timeout 200 "$bin/gpu_capture" --include-ignored --test-threads=1 --nocapture &
+    pids[capture]=$!
+    isolated memcheck-capture timeout 300 compute-sanitizer --tool memcheck --error-exitcode 17 \
+        --print-limit 20 "$bin/gpu_capture" --ignored --test-threads=1 &
+    pids[memcheck_capture]=$!
+    if [[ ${SUITE_RUNTIME:-1} == 1 ]]; then
+        isolated tests timeout "$t" "$bin/gpu_runtime" --include-ignored --test-threads=1 --nocapture &
+        pids[tests]=$!
+    fi
+    for part in "${!pids[@]}"; do
+        wait "${pids[$part]}"
+        status[$part]=$?
+    done
+    tar -czf "$out/suite-logs.tar.gz" -C "$out" --exclude suite-logs.tar.gz . 2>/dev/null || true
 }
 
 # Pass/fail counts of each runtime's conformance run, then the tests that pass on stock
@@ -359,5 +407,5 @@ conformance_table() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac

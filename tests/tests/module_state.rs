@@ -5,7 +5,7 @@
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::parameter_bits;
 
@@ -20,52 +20,97 @@ fn batch(step: usize) -> Regression<B> {
     Regression::new(step, 6, &Default::default())
 }
 
-fn after_warmup(modes: &[StepMode]) -> &[StepMode] {
-    &modes[GraphTrainerConfig::new().warmup_steps..]
+fn adam() -> CapturableAdam<B> {
+    CapturableAdamConfig::new()
+        .with_learning_rate(1e-2)
+        .init::<B>(&Default::default())
 }
 
-#[test]
-fn batch_norm_passes_warmup_and_its_running_stats_follow_eager_training() {
-    let device = Default::default();
-    let model = BnMlp::<B>::new(5, &device);
-    let reference = model.clone();
-    let loss = |model: &BnMlp<B>, batch: &Regression<B>| model.loss(batch);
-    let adam = || {
-        CapturableAdamConfig::new()
-            .with_learning_rate(1e-2)
-            .init::<B>(&device)
-    };
-    let mut trainer = GraphTrainer::new(model, adam(), loss, GraphTrainerConfig::new());
+/// A model trained on regression batches.
+trait Regressor: AutodiffModule<B> {
+    fn loss(&self, batch: &Regression<B>) -> Tensor<B, 1>;
+}
+
+impl Regressor for BnMlp<B> {
+    fn loss(&self, batch: &Regression<B>) -> Tensor<B, 1> {
+        BnMlp::loss(self, batch)
+    }
+}
+
+impl Regressor for TiedMlp<B> {
+    fn loss(&self, batch: &Regression<B>) -> Tensor<B, 1> {
+        TiedMlp::loss(self, batch)
+    }
+}
+
+/// `STEPS` trainer steps: each loss's bits, and the trainer. Every step after warmup
+/// would have graphed on a GPU. `each` sees the model after every step.
+fn with_trainer<M: Regressor>(
+    model: M,
+    mut each: impl FnMut(usize, &M),
+) -> (
+    Vec<u32>,
+    GraphTrainer<
+        burn::backend::Flex,
+        M,
+        CapturableAdam<B>,
+        Regression<B>,
+        fn(&M, &Regression<B>) -> Tensor<B, 1>,
+    >,
+) {
+    let mut trainer = GraphTrainer::new(
+        model,
+        adam(),
+        M::loss as fn(&M, &Regression<B>) -> Tensor<B, 1>,
+        GraphTrainerConfig::new(),
+    );
     let mut losses = Vec::new();
     let mut modes = Vec::new();
     for step in 0..STEPS {
         let outcome = trainer.step(batch(step)).unwrap();
         losses.push(outcome.loss.into_scalar().to_bits());
         modes.push(outcome.mode);
+        each(step, trainer.model().unwrap());
     }
-    for mode in after_warmup(&modes) {
+    for mode in &modes[GraphTrainerConfig::new().warmup_steps..] {
         assert_eq!(
             *mode,
             StepMode::Eager(FallbackReason::NoHardwareGraphs),
             "{modes:?}"
         );
     }
+    (losses, trainer)
+}
 
-    // The same training in plain Burn code.
-    let mut model = reference;
+/// The same steps as plain Burn code; `after` runs after each optimizer step.
+fn plain<M: Regressor>(mut model: M, mut after: impl FnMut(M) -> M) -> (Vec<u32>, M) {
     let mut optimizer = adam();
     optimizer.init_state(&model);
-    let mut eager_losses = Vec::new();
+    let mut losses = Vec::new();
     for step in 0..STEPS {
         let loss = model.loss(&batch(step));
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optimizer.step(model, grads);
-        eager_losses.push(loss.into_scalar().to_bits());
+        model = after(optimizer.step(model, grads));
+        losses.push(loss.into_scalar().to_bits());
     }
-    assert_eq!(losses, eager_losses);
+    (losses, model)
+}
+
+#[test]
+fn batch_norm_passes_warmup_and_its_running_stats_follow_eager_training() {
+    let model = BnMlp::<B>::new(5, &Default::default());
+    // Burn shares a `RunningState` between clones: the trainer takes a state of its own
+    // when it is made, so it trains first and the clone starts from the same values.
+    let reference = model.clone();
+    let (losses, trainer) = with_trainer(model, |_, _| {});
+    let (plain_losses, plain_model) = plain(reference, |m| m);
+    assert_eq!(losses, plain_losses);
     let trained = trainer.model().unwrap();
-    assert_eq!(parameter_bits(trained), parameter_bits(&model.valid()));
-    assert_eq!(trained.running_stats(), model.running_stats());
+    assert_eq!(
+        parameter_bits(trained),
+        parameter_bits(&plain_model.valid())
+    );
+    assert_eq!(trained.running_stats(), plain_model.running_stats());
     let (mean, _) = trained.running_stats();
     assert!(
         mean.iter().any(|m| *m != 0.0),
@@ -75,15 +120,9 @@ fn batch_norm_passes_warmup_and_its_running_stats_follow_eager_training() {
 
 #[test]
 fn a_snapshot_keeps_its_running_stats_while_training_goes_on() {
-    let device = Default::default();
     let loss = |model: &BnMlp<B>, batch: &Regression<B>| model.loss(batch);
-    let optimizer = CapturableAdamConfig::new().init::<B>(&device);
-    let mut trainer = GraphTrainer::new(
-        BnMlp::<B>::new(5, &device),
-        optimizer,
-        loss,
-        GraphTrainerConfig::new(),
-    );
+    let model = BnMlp::<B>::new(5, &Default::default());
+    let mut trainer = GraphTrainer::new(model, adam(), loss, GraphTrainerConfig::new());
     trainer.step(batch(0)).unwrap();
     let clone = trainer.model().unwrap().clone();
     let valid = trainer.model().unwrap().valid();
@@ -105,48 +144,18 @@ fn a_snapshot_keeps_its_running_stats_while_training_goes_on() {
 
 #[test]
 fn a_tied_parameter_passes_warmup_and_stays_tied() {
-    let device = Default::default();
-    let model = TiedMlp::<B>::new(&device);
+    let model = TiedMlp::<B>::new(&Default::default());
     assert!(model.tied());
-    let reference = model.clone();
-    let loss = |model: &TiedMlp<B>, batch: &Regression<B>| model.loss(batch);
-    let adam = || {
-        CapturableAdamConfig::new()
-            .with_learning_rate(1e-2)
-            .init::<B>(&device)
-    };
-    let mut trainer = GraphTrainer::new(model, adam(), loss, GraphTrainerConfig::new());
-    let mut losses = Vec::new();
-    let mut modes = Vec::new();
-    for step in 0..STEPS {
-        let outcome = trainer.step(batch(step)).unwrap();
-        losses.push(outcome.loss.into_scalar().to_bits());
-        modes.push(outcome.mode);
-        assert!(trainer.model().unwrap().tied(), "tied after step {step}");
-    }
-    for mode in after_warmup(&modes) {
-        assert_eq!(
-            *mode,
-            StepMode::Eager(FallbackReason::NoHardwareGraphs),
-            "{modes:?}"
-        );
-    }
-
     // Plain Burn code keeps the tie only by hand: its optimizers update the first field.
-    let mut model = reference;
-    let mut optimizer = adam();
-    optimizer.init_state(&model);
-    let mut eager_losses = Vec::new();
-    for step in 0..STEPS {
-        let loss = model.loss(&batch(step));
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optimizer.step(model, grads);
-        model.retie();
-        eager_losses.push(loss.into_scalar().to_bits());
-    }
-    assert_eq!(losses, eager_losses);
+    let (plain_losses, plain_model) = plain(model.clone(), |mut m| {
+        m.retie();
+        m
+    });
+    let (losses, trainer) =
+        with_trainer(model, |step, m| assert!(m.tied(), "tied after step {step}"));
+    assert_eq!(losses, plain_losses);
     assert_eq!(
         parameter_bits(trainer.model().unwrap()),
-        parameter_bits(&model)
+        parameter_bits(&plain_model)
     );
 }

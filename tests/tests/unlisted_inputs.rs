@@ -6,16 +6,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
-use burn_graph_capture::{
-    AnyTensor, FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode,
-};
+use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
 mod common;
 
 use common::B;
+use common::models::MaskOnly;
 
 const VOCAB: usize = 12;
 
@@ -68,26 +66,6 @@ fn listed_tokens_pass_the_guard() {
         FallbackReason::NoHardwareGraphs,
         "{modes:?}"
     );
-}
-
-/// The batch of the report: it lists its float mask, not its int tokens.
-#[derive(Clone)]
-struct MaskOnly<B: Backend> {
-    tokens: TokenBatch<B>,
-    mask: Tensor<B, 2>,
-}
-
-impl<B: AutodiffBackend> StepInput<B> for MaskOnly<B> {
-    fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
-        self.mask.collect_tensors(tensors);
-    }
-
-    fn with_tensors(&self, tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>) -> Self {
-        Self {
-            tokens: self.tokens.clone(),
-            mask: self.mask.with_tensors(tensors),
-        }
-    }
 }
 
 #[test]

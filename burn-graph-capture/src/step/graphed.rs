@@ -25,7 +25,7 @@ use super::learner::Learner;
 use super::mode::FallbackReason;
 use super::pinning::{Pinned, copy_float};
 use crate::backend::{
-    Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, TrainBackend,
+    Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
 
@@ -276,17 +276,8 @@ impl<G: GraphBackend> Graphs<G> {
         let Some(pins) = &self.pins else {
             return;
         };
-        let mut failed = None;
-        learner.update(
-            |model, optimizer| match pins.write_back(model.clone(), optimizer) {
-                Ok(seated) => seated,
-                Err(error) => {
-                    failed = Some(error);
-                    model
-                }
-            },
-        );
-        if let Some(error) = failed {
+        let model = learner.model().clone();
+        if let Err(error) = seat(pins, learner, model) {
             tracing::warn!(%error, "write-back failed; dropping graphs and pins");
             self.unpin();
         }
@@ -304,21 +295,11 @@ impl<G: GraphBackend> Graphs<G> {
             learner.update(|_, _| model);
             return;
         };
-        let mut unfit = false;
-        learner.update(
-            |_, optimizer| match pins.write_back(model.clone(), optimizer) {
-                Ok(seated) => seated,
-                Err(_) => {
-                    unfit = true;
-                    model
-                }
-            },
-        );
-        if unfit {
-            self.unpin();
-        } else {
+        if seat(pins, learner, model).is_ok() {
             self.cache.suspect_graphs();
             self.verified = true;
+        } else {
+            self.unpin();
         }
     }
 
@@ -399,9 +380,23 @@ where
     F: FnMut(&M, &I) -> Loss<G>,
 {
     let loss = learner.train(loss_fn, batch).map_err(Fallback::Step)?;
+    let model = learner.model().clone();
+    seat(pins, learner, model).map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
+    Ok(loss.inner().into_primitive().tensor())
+}
+
+/// Makes `model` the learner's, with its values copied into `pins` and its tensors
+/// (and the optimizer's) re-seated on them. If a copy fails, the learner takes `model`
+/// as it is, unpinned.
+fn seat<G, M, O>(pins: &Pinned<G>, learner: &mut Learner<M, O>, model: M) -> Result<(), GraphError>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>>,
+{
     let mut failed = None;
     learner.update(
-        |model, optimizer| match pins.write_back(model.clone(), optimizer) {
+        |_, optimizer| match pins.write_back(model.clone(), optimizer) {
             Ok(seated) => seated,
             Err(error) => {
                 failed = Some(error);
@@ -409,10 +404,7 @@ where
             }
         },
     );
-    match failed {
-        Some(error) => Err(Fallback::Shape(FallbackReason::Graph(error))),
-        None => Ok(loss.inner().into_primitive().tensor()),
-    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// A copy of `tensor` in a fresh buffer: replays overwrite the graph's own loss buffer.

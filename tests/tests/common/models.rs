@@ -1,12 +1,15 @@
 //! Models other than the example's LSTM, for the guards: an MLP with `BatchNorm`
 //! (module state the step writes outside parameters) and an MLP whose one layer is
-//! reached through two fields (a tied parameter).
+//! reached through two fields (a tied parameter); and a token batch that does not list
+//! its tokens.
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 use burn::module::{ModuleMapper, Param};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
 use burn::prelude::*;
-use burn_graph_capture::StepInput;
+use burn::tensor::backend::AutodiffBackend;
+use burn_graph_capture::{AnyTensor, StepInput};
+use lstm_example::TokenBatch;
 
 /// Input width of both MLPs.
 pub const D_IN: usize = 8;
@@ -130,5 +133,26 @@ impl<B: Backend> Regression<B> {
         let x = Tensor::<B, 2>::from_data(TensorData::new(values, [batch, D_IN]), device);
         let y = x.clone().sin().sum_dim(1) * 0.5;
         Self { x, y }
+    }
+}
+
+/// The batch of issue 11's report: a hand-written `StepInput` that lists the float mask
+/// and leaves the int tokens and targets out.
+#[derive(Clone, Debug)]
+pub struct MaskOnly<B: Backend> {
+    pub tokens: TokenBatch<B>,
+    pub mask: Tensor<B, 2>,
+}
+
+impl<B: AutodiffBackend> StepInput<B> for MaskOnly<B> {
+    fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
+        self.mask.collect_tensors(tensors);
+    }
+
+    fn with_tensors(&self, tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>) -> Self {
+        Self {
+            tokens: self.tokens.clone(),
+            mask: self.mask.with_tensors(tensors),
+        }
     }
 }

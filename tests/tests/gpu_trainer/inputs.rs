@@ -20,10 +20,9 @@
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{
-    AnyTensor, FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode, TrainBackend,
+    FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode, TrainBackend,
     TrainerReport,
 };
 use lstm_example::train::{load_bytes, parameter_values, to_bytes};
@@ -32,7 +31,7 @@ use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 use crate::common::{
     Diff, Stack, TOLERANCE, WARMUP, assert_warmup_capture_replay, case, device, lr_at, run_length,
 };
-use crate::models::{BnMlp, Regression, TiedMlp};
+use crate::models::{BnMlp, MaskOnly, Regression, TiedMlp};
 
 const LR: f64 = 1e-2;
 const VOCAB: usize = 32;
@@ -189,26 +188,6 @@ fn token_model_graphs_and_equals_eager<G: Stack>() {
         &graphed_run,
         &eager_run,
     );
-}
-
-/// The batch of the report: it lists its float mask, not its int tokens.
-#[derive(Clone)]
-struct MaskOnly<B: Backend> {
-    tokens: TokenBatch<B>,
-    mask: Tensor<B, 2>,
-}
-
-impl<B: AutodiffBackend> StepInput<B> for MaskOnly<B> {
-    fn collect_tensors(&self, tensors: &mut Vec<AnyTensor<B::InnerBackend>>) {
-        self.mask.collect_tensors(tensors);
-    }
-
-    fn with_tensors(&self, tensors: &mut std::vec::IntoIter<AnyTensor<B::InnerBackend>>) -> Self {
-        Self {
-            tokens: self.tokens.clone(),
-            mask: self.mask.with_tensors(tensors),
-        }
-    }
 }
 
 fn masked_loss<G: Stack>(model: &CharLm<B<G>>, batch: &MaskOnly<B<G>>) -> Tensor<B<G>, 1> {
