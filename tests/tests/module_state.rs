@@ -43,25 +43,16 @@ impl Regressor for TiedMlp<B> {
     }
 }
 
+type LossFn<M> = fn(&M, &Regression<B>) -> Tensor<B, 1>;
+type Trainer<M> = GraphTrainer<burn::backend::Flex, M, CapturableAdam<B>, Regression<B>, LossFn<M>>;
+
 /// `STEPS` trainer steps: each loss's bits, and the trainer. Every step after warmup
 /// would have graphed on a GPU. `each` sees the model after every step.
-fn with_trainer<M: Regressor>(
-    model: M,
-    mut each: impl FnMut(usize, &M),
-) -> (
-    Vec<u32>,
-    GraphTrainer<
-        burn::backend::Flex,
-        M,
-        CapturableAdam<B>,
-        Regression<B>,
-        fn(&M, &Regression<B>) -> Tensor<B, 1>,
-    >,
-) {
+fn with_trainer<M: Regressor>(model: M, mut each: impl FnMut(usize, &M)) -> (Vec<u32>, Trainer<M>) {
     let mut trainer = GraphTrainer::new(
         model,
         adam(),
-        M::loss as fn(&M, &Regression<B>) -> Tensor<B, 1>,
+        M::loss as LossFn<M>,
         GraphTrainerConfig::new(),
     );
     let mut losses = Vec::new();
