@@ -109,17 +109,20 @@ mod flex {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use burn_cubecl::CubeRuntime;
     use burn_cubecl::tensor::CubeTensor;
     use burn_fusion::{FusionRuntime, FusionTensor};
 
     use super::{Allocated, AllocationId, counter_in_debug};
+    use crate::runtime::{CudaGraphRuntime, with_server};
 
     /// CubeCL numbers every memory handle from a process-wide counter when the tensor is
-    /// created; views and in-place results keep their handle, hence its id.
-    impl<R: CubeRuntime> Allocated for CubeTensor<R> {
+    /// created; views and in-place results keep their handle, hence its id. The id is
+    /// read on the server's thread: CubeCL updates a handle's descriptor there, and only
+    /// there may it be read (a round trip, paid only while a session records).
+    impl Allocated for CubeTensor<CudaGraphRuntime> {
         fn allocation_id(&self) -> Option<AllocationId> {
-            let text = format!("{:?}", self.handle.memory);
+            let memory = self.handle.memory.clone();
+            let text = with_server(&self.device, move |_| format!("{memory:?}")).ok()?;
             counter_in_debug(&text, "ManagedMemoryId { value: ").map(AllocationId::unique)
         }
     }

@@ -11,6 +11,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
+use super::learner::retie;
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, BufferId, GraphBackend, GraphError, TrainBackend,
 };
@@ -124,9 +125,10 @@ impl<G: GraphBackend> Pinned<G> {
             }
             index += 1;
         });
-        model.map(&mut Reseat::<G> {
+        // One autodiff leaf per pinned buffer, however many fields hold its parameter.
+        retie(model.map(&mut Reseat::<G> {
             params: &self.params,
-        })
+        }))
     }
 
     /// The pinned learning-rate buffer.

@@ -16,7 +16,7 @@
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, ModuleMapper, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
@@ -95,10 +95,11 @@ impl<M, O> Lent<M, O> {
     }
 }
 
-/// A copy of `model` in fresh buffers. Going through the inner module also gives it
-/// running statistics of its own: Burn's `RunningState` is shared between clones.
+/// A copy of `model` in fresh buffers, with running statistics of its own (Burn's
+/// `RunningState` is shared between clones), tied parameters tied, and every
+/// parameter's `require_grad` flag kept.
 pub(crate) fn copy_model<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M {
-    retie(M::from_inner(model.valid().map(&mut Duplicate)))
+    retie(with_own_state(model).map(&mut Duplicate))
 }
 
 /// A copy of `optimizer` whose state tensors sit in fresh buffers.
@@ -119,12 +120,72 @@ fn duplicate<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {
     tensor.mul_scalar(1.0)
 }
 
-/// Duplicates every float parameter, keeping ids and `require_grad` flags.
+/// Duplicates every float parameter of an autodiff module, keeping ids and
+/// `require_grad` flags (`Param::from_mapped_value` reads the flag off the new tensor).
 struct Duplicate;
 
-impl<B: Backend> ModuleMapper<B> for Duplicate {
+impl<B: AutodiffBackend> ModuleMapper<B> for Duplicate {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(id, duplicate(tensor), mapper)
+        let require_grad = tensor.is_require_grad();
+        let mut copy = Tensor::from_inner(duplicate(tensor.inner()));
+        if require_grad {
+            copy = copy.require_grad();
+        }
+        Param::from_mapped_value(id, copy, mapper)
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use burn::backend::Flex;
+    use burn::module::{Module, ModuleVisitor};
+    use burn::nn::{Linear, LinearConfig};
+
+    use super::*;
+    use crate::backend::TrainBackend;
+
+    type B = TrainBackend<Flex>;
+
+    /// `(require_grad, values, storage address)` of every parameter.
+    fn params(model: &Linear<B>) -> Vec<(bool, Vec<f32>, usize)> {
+        struct Collect(Vec<(bool, Vec<f32>, usize)>);
+        impl ModuleVisitor<B> for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let tensor = param.val();
+                let primitive = tensor.clone().inner().into_primitive().tensor();
+                let address = std::sync::Arc::as_ptr(&primitive.data_arc()) as usize;
+                let values = tensor.into_data().to_vec::<f32>().unwrap();
+                self.0.push((param.is_require_grad(), values, address));
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        model.visit(&mut collect);
+        collect.0
+    }
+
+    #[test]
+    fn a_copy_keeps_values_and_flags_in_buffers_of_its_own() {
+        let device = Default::default();
+        let fresh = LinearConfig::new(3, 2).init::<B>(&device);
+        let model = Linear {
+            weight: Param::from_tensor(fresh.weight.val()),
+            bias: fresh.bias.map(|bias| Param::from_tensor(bias.val())),
+        };
+        let frozen = Linear {
+            weight: Param::from_tensor(model.weight.val()).set_require_grad(false),
+            ..model.clone()
+        };
+        for model in [model, frozen] {
+            let (original, copy) = (params(&model), params(&copy_model(&model)));
+            assert_eq!(original.len(), copy.len());
+            for ((flag, values, address), (copy_flag, copy_values, copy_address)) in
+                original.iter().zip(&copy)
+            {
+                assert_eq!(flag, copy_flag, "require_grad kept");
+                assert_eq!(values, copy_values, "values kept");
+                assert_ne!(address, copy_address, "a buffer of its own");
+            }
+        }
     }
 }
