@@ -77,13 +77,16 @@ struct Run {
     report: Option<TrainerReport>,
 }
 
+/// A trainer with this module's Adam.
+type Trainer<G, M, I, F> = GraphTrainer<G, M, CapturableAdam<B<G>>, I, F>;
+
 /// `steps` trainer steps on `batch(step)`, the learning rate changed every step.
 fn graphed<G, M, I, F>(
     model: M,
     steps: usize,
     mut batch: impl FnMut(usize) -> I,
     loss: F,
-) -> (Run, GraphTrainer<G, M, CapturableAdam<B<G>>, I, F>)
+) -> (Run, Trainer<G, M, I, F>)
 where
     G: Stack,
     M: AutodiffModule<B<G>>,
@@ -166,7 +169,7 @@ fn token_batches<G: Stack>(seed: u64) -> impl FnMut(usize) -> TokenBatch<B<G>> {
     move |_| task.next_batch(BATCH, TIME, &device())
 }
 
-/// 1. The token model graphs and equals eager training over 200 steps.
+/// The token model graphs and equals eager training over 200 steps.
 fn token_model_graphs_and_equals_eager<G: Stack>() {
     let steps = run_length(200);
     let bytes = lm_bytes();
@@ -194,7 +197,7 @@ fn masked_loss<G: Stack>(model: &CharLm<B<G>>, batch: &MaskOnly<B<G>>) -> Tensor
     lm_loss::<G>(model, &batch.tokens) * batch.mask.clone().mean()
 }
 
-/// 2. Tokens left out of the batch: never replays, names the reading op, equals eager.
+/// Tokens left out of the batch: never replays, names the reading op, equals eager.
 fn unlisted_tokens_stay_eager_and_equal_eager<G: Stack>() {
     let steps = WARMUP + 12;
     let bytes = lm_bytes();
@@ -233,7 +236,7 @@ fn unlisted_tokens_stay_eager_and_equal_eager<G: Stack>() {
     );
 }
 
-/// 3. A mask built once, outside the loop, read inside the step: a constant.
+/// A mask built once, outside the loop, read inside the step: a constant.
 fn a_constant_mask_replays_and_equals_eager<G: Stack>() {
     let steps = run_length(200);
     let bytes = lm_bytes();
@@ -295,7 +298,7 @@ fn values<Bk: Backend>(tensor: Tensor<Bk, 1>) -> Vec<u32> {
         .collect()
 }
 
-/// 4. Snapshots after capture keep their values over 50 more steps; the trainer keeps
+/// Snapshots after capture keep their values over 50 more steps (4.); the trainer keeps
 /// replaying meanwhile. Then a model taken out and put back: one verifying eager step,
 /// then replays, and the whole run equals eager training.
 fn snapshots_keep_their_values<G: Stack>() {
@@ -414,7 +417,7 @@ fn regression<G: Stack>(step: usize) -> Regression<B<G>> {
     Regression::new(step, 16, &device())
 }
 
-/// 5. BatchNorm: graphs; losses, parameters, running statistics and `valid()` outputs
+/// BatchNorm: graphs; losses, parameters, running statistics and `valid()` outputs
 /// equal eager training.
 fn batch_norm_graphs_and_equals_eager<G: Stack>() {
     let steps = run_length(200);
@@ -444,7 +447,7 @@ fn batch_norm_graphs_and_equals_eager<G: Stack>() {
     assert!(mean.iter().any(|m| *m != 0.0), "the running mean moved");
 }
 
-/// 6. A parameter tied through two fields: graphs, stays tied, equals eager training.
+/// A parameter tied through two fields: graphs, stays tied, equals eager training.
 fn tied_weights_graph_and_equal_eager<G: Stack>() {
     let steps = run_length(200);
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
