@@ -156,3 +156,32 @@ impl<B: AutodiffBackend> StepInput<B> for MaskOnly<B> {
         }
     }
 }
+
+/// A GRU regressor: `nn::Gru` over `[batch, time, D_IN]`, a `Linear` head per step.
+#[derive(Module, Debug)]
+pub struct GruRegressor<B: Backend> {
+    gru: burn::nn::gru::Gru<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> GruRegressor<B> {
+    pub fn new(hidden: usize, device: &B::Device) -> Self {
+        materialized(Self {
+            gru: burn::nn::gru::GruConfig::new(D_IN / 2, hidden, true).init(device),
+            head: LinearConfig::new(hidden, 1).init(device),
+        })
+    }
+
+    /// Mean squared error of the last step's forecast of `y`, reading each row of `x`
+    /// as a sequence of two steps of `D_IN / 2` features.
+    pub fn loss(&self, batch: &Regression<B>) -> Tensor<B, 1> {
+        let [rows, _] = batch.x.dims();
+        let hidden = self
+            .gru
+            .forward(batch.x.clone().reshape([rows, 2, D_IN / 2]), None);
+        let last = hidden.narrow(1, 1, 1).squeeze_dim::<2>(1);
+        (self.head.forward(last) - batch.y.clone())
+            .powi_scalar(2)
+            .mean()
+    }
+}
