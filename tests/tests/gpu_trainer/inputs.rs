@@ -133,8 +133,21 @@ where
     (run, model)
 }
 
+/// The first step whose losses differ in their bits, if any.
+fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
 /// Asserts a graphed run equal to the eager one (losses and parameters), printing how.
 fn check(case: &str, graphed: &Run, eager: &Run) {
+    if let Some(step) = first_difference(&graphed.losses, &eager.losses) {
+        println!(
+            "[{case}] losses first differ at step {step} ({:?})",
+            graphed.modes.get(step)
+        );
+    }
     let losses = Diff::of(&graphed.losses, &eager.losses);
     let params = Diff::of(
         graphed.params.iter().flatten(),
@@ -473,7 +486,52 @@ fn tied_weights_graph_and_equal_eager<G: Stack>() {
     check(&case::<G>("tied mlp"), &graphed_run, &eager_run);
 }
 
+/// The references themselves: plain eager training of the MLPs, run twice, gives the same
+/// bits (else no comparison with them could be bit for bit).
+fn eager_mlp_training_is_deterministic<G: Stack>() {
+    let steps = run_length(200);
+    let bn = BnMlp::<burn::backend::Flex>::new(32, &Default::default());
+    let tied = TiedMlp::<burn::backend::Flex>::new(&Default::default());
+    let bn_loss = |model: &BnMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    let tied_loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    let runs = |_: ()| {
+        let bn_model = on_gpu::<G, _, _>(bn.clone(), BnMlp::new(32, &device()));
+        let mut tied_model = on_gpu::<G, _, _>(tied.clone(), TiedMlp::new(&device()));
+        tied_model.retie();
+        let (bn_run, _) = eager(bn_model, steps, regression::<G>, bn_loss, |m| m);
+        let (tied_run, _) = eager(
+            tied_model,
+            steps,
+            regression::<G>,
+            tied_loss,
+            |mut m: TiedMlp<B<G>>| {
+                m.retie();
+                m
+            },
+        );
+        (bn_run, tied_run)
+    };
+    let (first, second) = (runs(()), runs(()));
+    for (name, a, b) in [
+        ("batchnorm", &first.0, &second.0),
+        ("tied", &first.1, &second.1),
+    ] {
+        let diff = Diff::of(&a.losses, &b.losses);
+        println!(
+            "eager vs eager [{}]: losses {}, first difference at {:?}",
+            case::<G>(name),
+            diff.describe(),
+            first_difference(&a.losses, &b.losses)
+        );
+        assert!(
+            diff.bit_exact,
+            "{name}: eager training is not deterministic"
+        );
+    }
+}
+
 stack_tests!(
+    eager_mlp_training_is_deterministic,
     token_model_graphs_and_equals_eager,
     unlisted_tokens_stay_eager_and_equal_eager,
     a_constant_mask_replays_and_equals_eager,
