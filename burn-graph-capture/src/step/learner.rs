@@ -17,6 +17,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::error::StepError;
 use crate::optim::CapturableOptimizer;
 
+/// Why the model can be missing: an optimizer step that panicked took it.
+const LOST: &str = "the trainer's model was lost: its optimizer panicked in an earlier step";
+
 /// The model and the optimizer that updates it.
 pub(crate) struct Learner<M, O> {
     /// `None` only while [`update`](Self::update) runs, or after an optimizer panicked
@@ -35,9 +38,7 @@ impl<M, O> Learner<M, O> {
 
     /// The model. Panics only if an optimizer panicked inside an earlier update.
     pub(crate) fn model(&self) -> &M {
-        self.model
-            .as_ref()
-            .expect("the trainer's model was lost: its optimizer panicked in an earlier step")
+        self.model.as_ref().expect(LOST)
     }
 
     pub(crate) fn optimizer(&self) -> &O {
@@ -50,26 +51,18 @@ impl<M, O> Learner<M, O> {
 
     /// The model and the optimizer, for code that changes both.
     pub(crate) fn parts_mut(&mut self) -> (&M, &mut O) {
-        let model = self
-            .model
-            .as_ref()
-            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        let model = self.model.as_ref().expect(LOST);
         (model, &mut self.optimizer)
     }
 
     /// Replaces the model by `f(model, optimizer)`.
     pub(crate) fn update(&mut self, f: impl FnOnce(M, &mut O) -> M) {
-        let model = self
-            .model
-            .take()
-            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        let model = self.model.take().expect(LOST);
         self.model = Some(f(model, &mut self.optimizer));
     }
 
     pub(crate) fn into_parts(self) -> (M, O) {
-        let model = self
-            .model
-            .expect("the trainer's model was lost: its optimizer panicked in an earlier step");
+        let model = self.model.expect(LOST);
         (model, self.optimizer)
     }
 }

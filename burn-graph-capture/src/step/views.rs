@@ -99,7 +99,7 @@ impl<M, O> Lent<M, O> {
 /// `RunningState` is shared between clones), tied parameters tied, and every
 /// parameter's `require_grad` flag kept.
 pub(crate) fn copy_model<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M {
-    retie(with_own_state(model).map(&mut Duplicate))
+    retie(M::from_inner(model.valid()).map(&mut Duplicate))
 }
 
 /// A copy of `optimizer` whose state tensors sit in fresh buffers.
