@@ -167,4 +167,13 @@ fn the_report_round_trips_through_json() {
     assert_eq!(back.steps, 4);
     assert_eq!(back.trainer, Some(trainer.id()));
     assert!(json.contains("\"NoHardwareGraphs\": 1"), "{json}");
+
+    // Timings whose shortest decimal form does not parse back to the same bits
+    // without exact float parsing (CI once measured check_ms = 0.028170999999999998).
+    let mut awkward = report;
+    awkward.check_ms = 0.028170999999999998;
+    awkward.snapshot_ms = 0.1 + 0.2;
+    let back: TrainerReport =
+        serde_json::from_str(&serde_json::to_string(&awkward).unwrap()).unwrap();
+    assert_eq!(back, awkward);
 }
