@@ -1,10 +1,16 @@
-//! The LSTM used by the example, the tests and the benchmarks.
+//! The examples' models and data, shared with the tests and the benchmarks.
 //!
-//! It mirrors the PyTorch anchor (`shared/anchors/torch_anchor.py`): an `nn::Lstm` over
-//! `[batch, time, 32]` inputs, a `Linear(hidden, 1)` head on every time step, MSE loss.
+//! - [`LstmRegressor`] mirrors the PyTorch anchor (`bench/anchors/torch_anchor.py`): an
+//!   `nn::Lstm`, a `Linear(hidden, 1)` head on every time step, MSE loss. The `lstm`
+//!   binary trains it on monthly sunspot numbers ([`sunspots`], [`forecast`]); the tests
+//!   and benchmarks train it on synthetic sines ([`SineTask`]).
+//! - [`CharLm`] is a character-level language model with int token inputs.
 
 pub mod data;
+pub mod forecast;
 pub mod model;
+pub mod plot;
+pub mod sunspots;
 pub mod token;
 pub mod train;
 

@@ -1,16 +1,18 @@
-//! Trains the example LSTM with `GraphTrainer` and prints its losses and report.
+//! Forecasts monthly sunspot numbers with an LSTM trained by `GraphTrainer`.
 //!
 //! `cargo run --release -p lstm-example` trains on the CPU (Flex): every step runs
 //! eagerly, and the report says why (`NoHardwareGraphs` after warmup).
 //! `cargo run --release -p lstm-example --features cuda` trains on an NVIDIA GPU through
 //! this crate's runtime with Burn's fusion on top (`CudaFused`): warmup, one captured
-//! step, then replays.
+//! step, then replays. `--compare` also trains eagerly and overlays both loss curves.
+//!
+//! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
 use burn::backend::Flex;
-use burn_graph_capture::optim::CapturableAdamConfig;
-use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend};
-use lstm_example::train::{from_bytes, to_bytes};
-use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
+use clap::Parser;
+use lstm_example::forecast::{self, Comparison, Options, Summary};
+use lstm_example::plot::{self, Curve};
+use lstm_example::sunspots::Sunspots;
 
 /// The inner backend: the CPU by default, `Fusion<CubeBackend<CudaGraphRuntime>>` with
 /// `--features cuda`.
@@ -19,42 +21,82 @@ type Inner = Flex;
 #[cfg(feature = "cuda")]
 type Inner = burn_graph_capture::CudaFused;
 
-type B = TrainBackend<Inner>;
-
-const STEPS: usize = 30;
-const BATCH: usize = 16;
-const TIME: usize = 24;
-const HIDDEN: usize = 32;
-const LR: f64 = 1e-2;
-
-fn main() {
+fn main() -> anyhow::Result<()> {
+    let options = Options::parse();
+    let series = Sunspots::load()?;
     let device = Default::default();
-    let config = LstmRegressorConfig::new(HIDDEN);
-    // Materialize the lazily initialized weights (on the CPU) before handing them over.
-    let weights = to_bytes(config.init::<Flex>(&Default::default()));
-    let model = from_bytes::<B>(&config, weights, &device);
-    let optimizer = CapturableAdamConfig::new()
-        .with_learning_rate(LR)
-        .init::<B>(&device);
-    let loss =
-        |model: &LstmRegressor<B>, batch: &Batch<B>| model.loss(batch.x.clone(), batch.y.clone());
-    let mut trainer = GraphTrainer::new(model, optimizer, loss, GraphTrainerConfig::new());
-    let mut task = SineTask::new(7, 32);
-
-    let stack = std::any::type_name::<Inner>();
+    let backend = std::any::type_name::<Inner>();
     println!(
-        "training LSTM (batch {BATCH}, time {TIME}, hidden {HIDDEN}) with GraphTrainer on {stack}"
+        "sunspots: {} months ({} train, {} held out); LSTM hidden {}, windows of {} months, \
+         batch {}, {} epochs, on {backend}",
+        series.raw.len(),
+        series.split,
+        series.raw.len() - series.split,
+        options.hidden,
+        options.seq_len,
+        options.batch,
+        options.epochs,
     );
-    for step in 1..=STEPS {
-        let batch = task.next_batch::<B>(BATCH, TIME, &device);
-        let outcome = trainer.step(batch).expect("a well-formed batch");
-        let loss: f32 = outcome.loss.into_scalar();
-        let mode = match &outcome.mode {
-            StepMode::Eager(reason) => format!("eager ({reason})"),
-            other => other.kind().to_lowercase(),
-        };
-        println!("step {step:>3}  loss {loss:.6}  {mode}");
+
+    let label = if options.eager { "eager" } else { "graphed" };
+    let run = forecast::train::<Inner>(&options, &series, !options.eager, &device, label)?;
+    let eager = if options.compare {
+        Some(forecast::train::<Inner>(
+            &options, &series, false, &device, "eager",
+        )?)
+    } else {
+        None
+    };
+
+    let mut curves = vec![Curve {
+        label,
+        losses: &run.losses,
+    }];
+    if let Some(eager) = &eager {
+        curves.push(Curve {
+            label: "eager",
+            losses: &eager.losses,
+        });
     }
-    let report = serde_json::to_string_pretty(&trainer.report()).expect("reports serialize");
-    println!("report: {report}");
+    std::fs::create_dir_all(&options.out)?;
+    plot::loss_curves(
+        &options.out.join("loss.svg"),
+        "sunspots LSTM: training loss",
+        &curves,
+    )?;
+    let summary = Summary {
+        options: &options,
+        backend,
+        eval: run.eval,
+        steps: run.losses.len(),
+        steps_per_second: run.steps_per_second(),
+        final_loss: run.losses.last().copied(),
+        eager_comparison: eager.as_ref().map(|eager| Comparison::of(&run, eager)),
+    };
+    forecast::save(&options.out, &run, &summary)?;
+
+    println!(
+        "held-out RMSE {:.2} sunspots (naive, last month repeated: {:.2}) over {} months",
+        run.eval.rmse, run.eval.naive_rmse, run.eval.months
+    );
+    println!(
+        "{} steps in {:.1} s ({:.1} steps/s); modes: {} captured, {} replayed, {} eager",
+        run.losses.len(),
+        run.seconds,
+        run.steps_per_second(),
+        run.report.modes.captured,
+        run.report.modes.replayed,
+        run.report.modes.eager,
+    );
+    if let Some(comparison) = &summary.eager_comparison {
+        println!(
+            "eager: {:.1} steps/s; largest loss difference {:e} (bit-exact: {})",
+            comparison.steps_per_second, comparison.max_loss_difference, comparison.bit_exact
+        );
+    }
+    println!(
+        "wrote model.mpk, loss.svg, report.json, summary.json to {}",
+        options.out.display()
+    );
+    Ok(())
 }

@@ -156,6 +156,26 @@ fn the_learning_rate_can_change_every_step() {
 }
 
 #[test]
+fn capture_off_runs_every_step_eagerly_with_the_same_results() {
+    let bytes = model_bytes();
+    let mut default = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
+    let config = GraphTrainerConfig::new().with_capture(false);
+    let mut off = GraphTrainer::new(model(&bytes), adam(), loss, config);
+    assert_eq!(losses(&mut default, 3, 5), losses(&mut off, 3, 5));
+    let report = off.report();
+    assert_eq!(
+        report.fallbacks.get("CaptureDisabled"),
+        Some(&5),
+        "{report:?}"
+    );
+    assert_eq!(report.last_fallback.as_deref(), Some("CaptureDisabled"));
+    assert_eq!(
+        parameter_bits(default.model().unwrap()),
+        parameter_bits(off.model().unwrap())
+    );
+}
+
+#[test]
 fn the_report_round_trips_through_json() {
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());

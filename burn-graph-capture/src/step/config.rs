@@ -5,6 +5,11 @@ use burn::config::Config;
 /// Configuration of a [`GraphTrainer`](super::GraphTrainer).
 #[derive(Config, Debug, PartialEq, Eq)]
 pub struct GraphTrainerConfig {
+    /// Whether steps may be captured and replayed at all. `false` runs every step
+    /// eagerly (`CaptureDisabled`) through the same optimizer and kernels: the
+    /// reference a graphed run is compared with.
+    #[config(default = true)]
+    pub capture: bool,
     /// Eager steps per input shape before capturing; their op signatures must all be
     /// equal. At least one eager step always runs first (burn#5772: a cold capture can
     /// make other in-place decisions than warmup).
@@ -17,12 +22,6 @@ pub struct GraphTrainerConfig {
     /// after that the trainer stays eager.
     #[config(default = 2)]
     pub max_recaptures: usize,
-    /// Replays to check against an eager run of the same step before trusting a graph.
-    ///
-    /// Not active yet: replay verification lands with GPU capture (issue 5); until then
-    /// this value has no effect.
-    #[config(default = 0)]
-    pub verify_replays: usize,
 }
 
 impl GraphTrainerConfig {

@@ -38,6 +38,8 @@ pub enum FallbackReason {
     Warmup,
     /// The backend cannot record hardware graphs (CPU backends); every guard still ran.
     NoHardwareGraphs,
+    /// The trainer's configuration turned capture off (`capture = false`).
+    CaptureDisabled,
     /// Two warmup steps ran different ops (or the same ops with other shapes or host
     /// values); `first_difference` is the index of the first op that differed.
     NonStaticControlFlow {
@@ -79,6 +81,7 @@ impl FallbackReason {
         match self {
             FallbackReason::Warmup => "Warmup",
             FallbackReason::NoHardwareGraphs => "NoHardwareGraphs",
+            FallbackReason::CaptureDisabled => "CaptureDisabled",
             FallbackReason::NonStaticControlFlow { .. } => "NonStaticControlFlow",
             FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
             FallbackReason::UnlistedInput { .. } => "UnlistedInput",

@@ -137,6 +137,7 @@ where
                 self.graphs.unpin();
                 Plan::Eager(FallbackReason::SharedWithTrainer(other))
             }
+            None if !self.config.capture => Plan::Eager(FallbackReason::CaptureDisabled),
             None => self.graphs.plan(&key, &self.device),
         };
         self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;

@@ -1,0 +1,240 @@
+//! The sunspot example's training run: options, the graphed (or eager) training loop,
+//! evaluation and the files it writes.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::{
+    GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::sunspots::{Evaluation, Sunspots, shuffler};
+use crate::train::{from_bytes, to_bytes};
+use crate::{Batch, LstmRegressor, LstmRegressorConfig};
+
+/// Command-line options shared by the example's binaries.
+#[derive(clap::Parser, Clone, Debug, Serialize)]
+#[command(about = "Forecast monthly sunspot numbers with an LSTM trained as CUDA graphs")]
+pub struct Options {
+    /// Passes over the training windows.
+    #[arg(long, default_value_t = 30)]
+    pub epochs: usize,
+    /// Windows per batch (a partial last batch is dropped).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Months per training window (time steps the LSTM unrolls).
+    #[arg(long, default_value_t = 64)]
+    pub seq_len: usize,
+    /// Hidden size of the LSTM.
+    #[arg(long, default_value_t = 32)]
+    pub hidden: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Seeds the weights and the window order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where the model, the plot and the JSON files go.
+    #[arg(long, default_value = "target/sunspots")]
+    pub out: PathBuf,
+    /// Run every step eagerly (no capture).
+    #[arg(long)]
+    pub eager: bool,
+    /// Also train eagerly from the same start and overlay both loss curves.
+    #[arg(long, conflicts_with = "eager")]
+    pub compare: bool,
+}
+
+impl Options {
+    /// The model these options describe (one input feature: the standardized month).
+    pub fn model_config(&self) -> LstmRegressorConfig {
+        LstmRegressorConfig::new(self.hidden).with_d_input(1)
+    }
+
+    /// Initial weights drawn from `seed`, as record bytes, so every run starts equal.
+    pub fn initial_weights(&self) -> Vec<u8> {
+        use burn::backend::Flex;
+        Flex::seed(&Default::default(), self.seed);
+        to_bytes(self.model_config().init::<Flex>(&Default::default()))
+    }
+}
+
+/// One training run's outcome.
+pub struct Run<B: Backend> {
+    /// The trained model.
+    pub model: LstmRegressor<B>,
+    /// The loss of every step, in order.
+    pub losses: Vec<f32>,
+    /// Held-out errors.
+    pub eval: Evaluation,
+    /// Wall time of the training loop (evaluation excluded).
+    pub seconds: f64,
+    /// What the trainer did, step by step.
+    pub report: TrainerReport,
+}
+
+impl<B: Backend> Run<B> {
+    /// Training steps per second.
+    pub fn steps_per_second(&self) -> f64 {
+        self.losses.len() as f64 / self.seconds.max(f64::EPSILON)
+    }
+}
+
+/// Trains with `GraphTrainer` on `G` (graphed unless `capture` is false).
+pub fn train<G: GraphBackend>(
+    options: &Options,
+    series: &Sunspots,
+    capture: bool,
+    device: &G::Device,
+    label: &str,
+) -> anyhow::Result<Run<TrainBackend<G>>> {
+    type Model<G> = LstmRegressor<TrainBackend<G>>;
+    let model =
+        from_bytes::<TrainBackend<G>>(&options.model_config(), options.initial_weights(), device);
+    let optimizer = CapturableAdamConfig::new()
+        .with_learning_rate(options.lr)
+        .init::<TrainBackend<G>>(device);
+    let loss = |model: &Model<G>, batch: &Batch<TrainBackend<G>>| {
+        model.loss(batch.x.clone(), batch.y.clone())
+    };
+    let config = GraphTrainerConfig::new().with_capture(capture);
+    let mut trainer = GraphTrainer::new(model, optimizer, loss, config);
+
+    let mut rng = shuffler(options.seed);
+    let per_epoch = series
+        .epoch(options.seq_len, options.batch, &mut shuffler(0))?
+        .len();
+    anyhow::ensure!(
+        per_epoch > 0,
+        "no full batch of {} windows fits the training split",
+        options.batch
+    );
+    let progress = progress_bar((per_epoch * options.epochs) as u64, label);
+    let mut losses = Vec::new();
+    let start = Instant::now();
+    for _ in 0..options.epochs {
+        for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
+            let batch = series.batch(&starts, options.seq_len, device);
+            let outcome = trainer.step(batch)?;
+            let loss: f32 = outcome.loss.into_scalar().elem();
+            if let StepMode::Eager(reason) = &outcome.mode {
+                tracing::debug!(%reason, "eager step");
+            }
+            losses.push(loss);
+            progress.set_message(format!("loss {loss:.4} ({})", outcome.mode.kind()));
+            progress.inc(1);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    progress.finish();
+
+    let model = trainer
+        .model()
+        .context("the trainer holds the model")?
+        .clone();
+    let eval = evaluate(&model.valid(), series, options.seq_len, device);
+    Ok(Run {
+        model,
+        losses,
+        eval,
+        seconds,
+        report: trainer.report(),
+    })
+}
+
+/// Forecasts every held-out month (with `context` months of warm-up before the split).
+pub fn evaluate<B: Backend>(
+    model: &LstmRegressor<B>,
+    series: &Sunspots,
+    context: usize,
+    device: &B::Device,
+) -> Evaluation {
+    let input = series.held_out_input::<B>(context, device);
+    let changes = model.forward(input).into_data().convert::<f32>();
+    series.evaluate(context, &changes.to_vec::<f32>().expect("converted to f32"))
+}
+
+fn progress_bar(steps: u64, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
+    let style = ProgressStyle::with_template(
+        "{prefix:>8} [{elapsed_precise}] {bar:30} {pos}/{len} {per_sec} {msg}",
+    )
+    .expect("a valid template");
+    bar.set_style(style);
+    bar.set_prefix(label.to_owned());
+    bar
+}
+
+/// What `summary.json` holds: the options, the held-out metric and the speed.
+#[derive(Debug, Serialize)]
+pub struct Summary<'a> {
+    /// The run's options.
+    pub options: &'a Options,
+    /// The inner backend's type name.
+    pub backend: &'a str,
+    /// Held-out errors of the trained model.
+    pub eval: Evaluation,
+    /// Training steps run.
+    pub steps: usize,
+    /// Training steps per second.
+    pub steps_per_second: f64,
+    /// The last step's loss.
+    pub final_loss: Option<f32>,
+    /// With `--compare`: the eager run's curve, and whether it equals the graphed one
+    /// bit for bit.
+    pub eager_comparison: Option<Comparison>,
+}
+
+/// The graphed run against the eager run of the same training.
+#[derive(Debug, Serialize)]
+pub struct Comparison {
+    /// Eager training steps per second.
+    pub steps_per_second: f64,
+    /// Largest difference between the two loss curves.
+    pub max_loss_difference: f32,
+    /// Whether every loss is bit-identical.
+    pub bit_exact: bool,
+    /// The eager run's held-out errors.
+    pub eval: Evaluation,
+}
+
+impl Comparison {
+    /// Compares `graphed` with `eager`.
+    pub fn of<B: Backend, E: Backend>(graphed: &Run<B>, eager: &Run<E>) -> Self {
+        let pairs = graphed.losses.iter().zip(&eager.losses);
+        Self {
+            steps_per_second: eager.steps_per_second(),
+            max_loss_difference: pairs
+                .clone()
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max),
+            bit_exact: graphed.losses.len() == eager.losses.len()
+                && pairs.into_iter().all(|(a, b)| a.to_bits() == b.to_bits()),
+            eval: eager.eval,
+        }
+    }
+}
+
+/// Writes `model.mpk`, `report.json` and `summary.json` into `out`.
+pub fn save<B: Backend>(out: &Path, run: &Run<B>, summary: &Summary<'_>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+    run.model
+        .clone()
+        .save_file(out.join("model"), &recorder)
+        .context("saving the model")?;
+    write_json(&out.join("report.json"), &run.report)?;
+    write_json(&out.join("summary.json"), summary)
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+}
