@@ -22,7 +22,7 @@ pub use backend::{
 pub use backend::{CudaCube, CudaFused};
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepError, StepInput, StepMode,
-    StepOutcome, TrainerReport,
+    StepOutcome, StepOutput, TrainerReport,
 };
 
 /// `#[derive(StepInput)]` for batch structs; see [`StepInput`](trait@StepInput).

@@ -123,7 +123,7 @@ pub fn train<G: GraphBackend>(
         for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
             let batch = series.batch(&starts, options.seq_len, device);
             let outcome = trainer.step(batch)?;
-            let loss: f32 = outcome.loss.into_scalar().elem();
+            let loss: f32 = outcome.output.into_scalar().elem();
             if let StepMode::Eager(reason) = &outcome.mode {
                 tracing::debug!(%reason, "eager step");
             }

@@ -8,7 +8,6 @@
 //!
 //! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
-use burn::backend::Flex;
 use clap::Parser;
 use lstm_example::forecast::{self, Comparison, Options, Summary};
 use lstm_example::plot::{self, Curve};
@@ -17,7 +16,7 @@ use lstm_example::sunspots::Sunspots;
 /// The inner backend: the CPU by default, `Fusion<CubeBackend<CudaGraphRuntime>>` with
 /// `--features cuda`.
 #[cfg(not(feature = "cuda"))]
-type Inner = Flex;
+type Inner = burn::backend::Flex;
 #[cfg(feature = "cuda")]
 type Inner = burn_graph_capture::CudaFused;
 

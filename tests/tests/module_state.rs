@@ -59,7 +59,7 @@ fn with_trainer<M: Regressor>(model: M, mut each: impl FnMut(usize, &M)) -> (Vec
     let mut modes = Vec::new();
     for step in 0..STEPS {
         let outcome = trainer.step(batch(step)).unwrap();
-        losses.push(outcome.loss.into_scalar().to_bits());
+        losses.push(outcome.output.into_scalar().to_bits());
         modes.push(outcome.mode);
         each(step, trainer.model().unwrap());
     }

@@ -42,7 +42,7 @@ fn a_gru_with_evaluation_and_checkpoints_between_steps_trains_as_plain_burn() {
                 StepMode::Eager(FallbackReason::NoHardwareGraphs)
             );
         }
-        losses.push(outcome.loss.into_scalar().to_bits());
+        losses.push(outcome.output.into_scalar().to_bits());
         // Evaluation on the inner backend, and a checkpoint, between steps.
         let valid = trainer.model().unwrap().valid();
         evaluations.push(

@@ -30,7 +30,7 @@ where
 {
     let mut task = SineTask::new(seed, 32);
     (0..steps)
-        .map(|_| trainer.step(batch(&mut task)).unwrap().loss.into_scalar())
+        .map(|_| trainer.step(batch(&mut task)).unwrap().output.into_scalar())
         .collect()
 }
 
@@ -119,7 +119,7 @@ fn the_model_can_be_taken_out_and_put_back() {
             interrupted
                 .step(batch(&mut task))
                 .unwrap()
-                .loss
+                .output
                 .into_scalar(),
         );
     }
@@ -141,7 +141,7 @@ fn the_learning_rate_can_change_every_step() {
             scheduled.set_lr(1e-2 / (1.0 + step as f64));
             let outcome = scheduled.step(batch(&mut task)).unwrap();
             modes.push(outcome.mode);
-            outcome.loss.into_scalar()
+            outcome.output.into_scalar()
         })
         .collect();
     assert_eq!(

@@ -57,7 +57,7 @@ fn trainer_training_equals_a_plain_loop() {
     let trained: Vec<f32> = (0..8)
         .map(|_| {
             let outcome = trainer.step(task.next_batch(4, 6, &device)).unwrap();
-            outcome.loss.into_scalar()
+            outcome.output.into_scalar()
         })
         .collect();
 
@@ -209,8 +209,8 @@ fn a_shared_parameter_makes_both_trainers_eager_and_correct() {
             b.mode,
             StepMode::Eager(FallbackReason::SharedWithTrainer(first.id()))
         );
-        losses.0.push(a.loss.into_scalar());
-        losses.1.push(b.loss.into_scalar());
+        losses.0.push(a.output.into_scalar());
+        losses.1.push(b.output.into_scalar());
     }
     assert_eq!(first.report().shared_with, Some(second.id()));
 

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
-use burn_backend::{Backend, DType, Shape, TensorMetadata};
+use burn_backend::{Backend, DType, Scalar, Shape, TensorMetadata};
 
 /// A float, int or bool tensor primitive of backend `B`.
 pub enum AnyTensor<B: Backend> {
@@ -62,6 +62,22 @@ impl<B: Backend> AnyTensor<B> {
             self.kind(),
             other.kind()
         )))
+    }
+
+    /// The same values in a buffer of their own (an identity op: `x * 1`, `x + 0`,
+    /// `!!x`), so later writes into this tensor's buffer leave the copy as it is.
+    pub fn fresh_copy(self) -> Self {
+        match self {
+            AnyTensor::Float(t) => {
+                let one = Scalar::new(1.0f32, &t.dtype());
+                AnyTensor::Float(B::float_mul_scalar(t, one))
+            }
+            AnyTensor::Int(t) => {
+                let zero = Scalar::new(0i32, &t.dtype());
+                AnyTensor::Int(B::int_add_scalar(t, zero))
+            }
+            AnyTensor::Bool(t) => AnyTensor::Bool(B::bool_not(B::bool_not(t))),
+        }
     }
 
     /// The float primitive, if this is one.

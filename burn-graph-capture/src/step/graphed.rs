@@ -13,8 +13,7 @@
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::tensor::{Tensor, TensorPrimitive};
-use burn_backend::tensor::FloatTensor;
+use burn::tensor::Tensor;
 
 use super::cache::{GraphCache, Observation, Plan, Recorded};
 use super::config::GraphTrainerConfig;
@@ -23,27 +22,25 @@ use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
 use super::learner::Learner;
 use super::mode::FallbackReason;
+use super::output::{StepOutput, detached, owned_copy};
 use super::pinning::{Pinned, copy_float};
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
 
-/// A step's loss, as the trainer returns it.
-pub(crate) type Loss<G> = Tensor<TrainBackend<G>, 1>;
-
-/// A graph with the static buffers it reads and writes.
-pub(crate) struct CapturedStep<G: GraphBackend> {
+/// A graph with the static buffers it reads and writes; `T` is the step's output item.
+pub(crate) struct CapturedStep<G: GraphBackend, T> {
     graph: G::Graph,
     /// Pinned copies of the batch tensors, in `StepInput::collect_tensors` order.
     inputs: Vec<AnyTensor<G>>,
-    /// The loss as the graph writes it; overwritten by every replay.
-    loss: FloatTensor<G>,
+    /// The step's output item as the graph writes it; overwritten by every replay.
+    outputs: T,
     /// What the recorded step did.
     observation: Observation,
 }
 
-impl<G: GraphBackend> Recorded for CapturedStep<G> {
+impl<G: GraphBackend, T> Recorded for CapturedStep<G, T> {
     fn observation(&self) -> &Observation {
         &self.observation
     }
@@ -72,9 +69,10 @@ pub(crate) struct GraphStats {
     pub(crate) pinned_bytes: u64,
 }
 
-/// The graphs of one trainer, per input key, and the pinned buffers they use.
-pub(crate) struct Graphs<G: GraphBackend> {
-    cache: GraphCache<CapturedStep<G>>,
+/// The graphs of one trainer, per input key, and the pinned buffers they use; `T` is
+/// the step's output item.
+pub(crate) struct Graphs<G: GraphBackend, T> {
+    cache: GraphCache<CapturedStep<G, T>>,
     /// Parameters and optimizer state at fixed addresses, once a graph needs them.
     pins: Option<Pinned<G>>,
     /// Whether the model and optimizer were checked to sit on `pins` since the model
@@ -85,7 +83,7 @@ pub(crate) struct Graphs<G: GraphBackend> {
     stats: GraphStats,
 }
 
-impl<G: GraphBackend> Graphs<G> {
+impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
         Self {
             cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
@@ -162,20 +160,21 @@ impl<G: GraphBackend> Graphs<G> {
 
     /// Records the step for `key` into a graph and launches it once.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn capture<M, O, I, F>(
+    pub(crate) fn capture<M, O, I, F, R>(
         &mut self,
         learner: &mut Learner<M, O>,
-        loss_fn: &mut F,
+        step_fn: &mut F,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
         device: &G::Device,
-    ) -> Result<Loss<G>, Fallback>
+    ) -> Result<T, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
         I: StepInput<TrainBackend<G>>,
-        F: FnMut(&M, &I) -> Loss<G>,
+        F: FnMut(&M, &I) -> R,
+        R: StepOutput<TrainBackend<G>, Item = T>,
     {
         self.check_pins(learner)?;
         self.ensure_pinned(learner)?;
@@ -203,7 +202,7 @@ impl<G: GraphBackend> Graphs<G> {
         let started = Instant::now();
         let session = CaptureSession::begin();
         let captured = G::capture(device, || {
-            record_step(learner, loss_fn, &static_batch, pins)
+            record_step(learner, step_fn, &static_batch, pins)
         });
         let recording = session.finish();
         let (recorded, graph) = captured.map_err(shape_error)?;
@@ -215,12 +214,12 @@ impl<G: GraphBackend> Graphs<G> {
         let refusal = match (recorded, graph) {
             (Err(refusal), _) => Err(refusal),
             (Ok(_), Err(error)) => Err(shape_error(error)),
-            (Ok(loss), Ok(graph)) => match observation.verdict(self.cache.warmed_up(key)) {
+            (Ok(outputs), Ok(graph)) => match observation.verdict(self.cache.warmed_up(key)) {
                 Some(reason) => Err(Fallback::Shape(reason)),
-                None => Ok((loss, graph)),
+                None => Ok((outputs, graph)),
             },
         };
-        let (loss, graph) = match refusal {
+        let (outputs, graph) = match refusal {
             Ok(done) => done,
             Err(refusal) => {
                 // Nothing recorded ran: the pinned buffers hold the pre-step values.
@@ -230,17 +229,17 @@ impl<G: GraphBackend> Graphs<G> {
         };
         G::replay(&graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
         self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
-        let output = detached_copy::<G>(&loss);
+        let owned = owned_copy(&outputs);
         self.cache.captured(
             key,
             CapturedStep {
                 graph,
                 inputs: static_inputs,
-                loss,
+                outputs,
                 observation,
             },
         );
-        Ok(output)
+        Ok(owned)
     }
 
     /// Replays the graph of `key` on `inputs`.
@@ -249,7 +248,7 @@ impl<G: GraphBackend> Graphs<G> {
         learner: &mut Learner<M, O>,
         key: &InputKey,
         inputs: &[AnyTensor<G>],
-    ) -> Result<Loss<G>, Fallback>
+    ) -> Result<T, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -263,7 +262,7 @@ impl<G: GraphBackend> Graphs<G> {
             G::copy_into(input, tensor).map_err(fatal)?;
         }
         G::replay(&step.graph).map_err(fatal)?;
-        Ok(detached_copy::<G>(&step.loss))
+        Ok(owned_copy(&step.outputs))
     }
 
     /// Writes an eager step's results into the pinned buffers, if there are any. On
@@ -366,23 +365,24 @@ impl<G: GraphBackend> Graphs<G> {
 }
 
 /// The body of a captured step: the shared training step, then the write-back of the
-/// new values into the pins.
-fn record_step<G, M, O, I, F>(
+/// new values into the pins. Returns the step's item, detached.
+fn record_step<G, M, O, I, F, R>(
     learner: &mut Learner<M, O>,
-    loss_fn: &mut F,
+    step_fn: &mut F,
     batch: &I,
     pins: &Pinned<G>,
-) -> Result<FloatTensor<G>, Fallback>
+) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,
     M: AutodiffModule<TrainBackend<G>>,
     O: CapturableOptimizer<M, TrainBackend<G>>,
-    F: FnMut(&M, &I) -> Loss<G>,
+    F: FnMut(&M, &I) -> R,
+    R: StepOutput<TrainBackend<G>>,
 {
-    let loss = learner.train(loss_fn, batch).map_err(Fallback::Step)?;
+    let item = learner.train(step_fn, batch).map_err(Fallback::Step)?;
     let model = learner.model().clone();
     seat(pins, learner, model).map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
-    Ok(loss.inner().into_primitive().tensor())
+    Ok(detached(&item))
 }
 
 /// Makes `model` the learner's, with its values copied into `pins` and its tensors
@@ -405,11 +405,4 @@ where
         },
     );
     failed.map_or(Ok(()), Err)
-}
-
-/// A copy of `tensor` in a fresh buffer: replays overwrite the graph's own loss buffer.
-fn detached_copy<G: GraphBackend>(tensor: &FloatTensor<G>) -> Loss<G> {
-    let inner =
-        Tensor::<GraphCapture<G>, 1>::from_primitive(TensorPrimitive::Float(tensor.clone()));
-    Tensor::from_inner(inner.mul_scalar(1.0))
 }

@@ -2,7 +2,7 @@
 //! share.
 //!
 //! Every step, eager or recorded into a graph, runs exactly [`Learner::train`]: the
-//! user's loss, backward, the optimizer, then [`settle`], which makes the model's state
+//! user's closure, its gradients, the optimizer, then [`settle`], which makes the model's state
 //! after a step what the next step must read: tied parameters stay tied, and pending
 //! running statistics are flushed into the module. A step recorded into a graph thus
 //! does what an eager step does, op for op.
@@ -10,11 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::error::StepError;
+use super::output::StepOutput;
 use crate::optim::CapturableOptimizer;
 
 /// Why the model can be missing: an optimizer step that panicked took it.
@@ -68,29 +68,24 @@ impl<M, O> Learner<M, O> {
 }
 
 impl<M, O> Learner<M, O> {
-    /// One training step: `loss_fn`'s loss on the model, backward, the optimizer's
-    /// update, [`settle`]. Returns the loss, still attached.
-    pub(crate) fn train<B, F, I>(
+    /// One training step: the user's closure on the model, its gradients (backward of
+    /// a loss, or those a `TrainStep` computed), the optimizer's update, [`settle`].
+    /// Returns the closure's item, still attached.
+    pub(crate) fn train<B, F, I, R>(
         &mut self,
-        loss_fn: &mut F,
+        step_fn: &mut F,
         batch: &I,
-    ) -> Result<Tensor<B, 1>, StepError>
+    ) -> Result<R::Item, StepError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
         O: CapturableOptimizer<M, B>,
-        F: FnMut(&M, &I) -> Tensor<B, 1>,
+        F: FnMut(&M, &I) -> R,
+        R: StepOutput<B>,
     {
-        let loss = loss_fn(self.model(), batch);
-        let [elements] = loss.dims();
-        if elements != 1 {
-            return Err(StepError::NonScalarLoss {
-                shape: vec![elements],
-            });
-        }
-        let grads = GradientsParams::from_grads(loss.backward(), self.model());
+        let (grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
         self.update(|model, optimizer| settle(optimizer.step(model, grads)));
-        Ok(loss)
+        Ok(item)
     }
 }
 

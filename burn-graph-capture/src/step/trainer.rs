@@ -11,10 +11,11 @@ use burn_backend::tensor::FloatTensor;
 use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
-use super::graphed::{Fallback, Graphs, Loss};
+use super::graphed::{Fallback, Graphs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
+use super::output::{StepOutput, detached};
 use super::pinning::{buffer_id, buffers};
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
@@ -22,11 +23,14 @@ use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
 use crate::optim::CapturableOptimizer;
 
-/// The result of one step.
+/// The result of one step; `T` is the step closure's item (its loss, for a closure that
+/// returns one).
 #[derive(Debug)]
-pub struct StepOutcome<G: GraphBackend> {
-    /// The step's loss, detached from the autodiff graph, in a buffer of its own.
-    pub loss: Tensor<TrainBackend<G>, 1>,
+pub struct StepOutcome<T> {
+    /// What the step closure returned for the caller (the loss, or a `TrainStep`'s
+    /// output item), detached from the autodiff graph, in buffers of its own: later
+    /// steps never write into them.
+    pub output: T,
     /// How the step ran.
     pub mode: StepMode,
 }
@@ -46,7 +50,9 @@ pub struct StepOutcome<G: GraphBackend> {
 /// `valid()` model or a record taken at step k keeps the step-k values for good.
 ///
 /// # The step closure
-/// A replay does not call the closure: it repeats what the captured call did. The
+/// It returns a [`StepOutput`]: a scalar loss, which the trainer differentiates, or
+/// (feature `train`) burn-train's `TrainOutput`, whose gradients the user's `TrainStep`
+/// computed. A replay does not call the closure: it repeats what the captured call did. The
 /// closure must therefore be a function of the model and the batch, plus tensors that
 /// stay the same tensors (a mask built once, say): the guard checks this over the warmup
 /// steps and the capture, not afterwards. Tensors the closure keeps beyond a call alias
@@ -57,16 +63,17 @@ pub struct StepOutcome<G: GraphBackend> {
 /// panic in the closure therefore propagates to the caller with the model and the
 /// optimizer state as they were before the step; the trainer remains usable and the
 /// step is not counted.
-pub struct GraphTrainer<G, M, O, I, F>
+pub struct GraphTrainer<G, M, O, I, F, R = Tensor<TrainBackend<G>, 1>>
 where
     G: GraphBackend,
+    R: StepOutput<TrainBackend<G>>,
 {
     id: TrainerId,
     config: GraphTrainerConfig,
     device: G::Device,
     step_fn: F,
     learner: Learner<M, O>,
-    graphs: Graphs<G>,
+    graphs: Graphs<G, R::Item>,
     lent: Lent<M, O>,
     /// Whether the model was taken out (`take_model`) and not put back.
     taken_out: bool,
@@ -75,19 +82,20 @@ where
     shared_with: Option<TrainerId>,
     report: TrainerReport,
     last_mode: Option<StepMode>,
-    _input: PhantomData<fn(&I)>,
+    _input: PhantomData<fn(&I) -> R>,
 }
 
-impl<G, M, O, I, F> GraphTrainer<G, M, O, I, F>
+impl<G, M, O, I, F, R> GraphTrainer<G, M, O, I, F, R>
 where
     G: GraphBackend,
     M: AutodiffModule<TrainBackend<G>>,
     O: CapturableOptimizer<M, TrainBackend<G>>,
     I: StepInput<TrainBackend<G>>,
-    F: FnMut(&M, &I) -> Tensor<TrainBackend<G>, 1>,
+    F: FnMut(&M, &I) -> R,
+    R: StepOutput<TrainBackend<G>>,
 {
     /// A trainer for `model`, updated by `optimizer`, with `step_fn` computing the loss
-    /// of one batch. The optimizer's state is created now, so every step runs the same
+    /// of one batch (or its gradients, see [`StepOutput`]). The optimizer's state is created now, so every step runs the same
     /// ops, and the model's buffers are registered (a share with another trainer is
     /// detected here).
     pub fn new(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
@@ -118,7 +126,7 @@ where
     }
 
     /// Runs one training step on `batch`.
-    pub fn step(&mut self, batch: I) -> Result<StepOutcome<G>, StepError> {
+    pub fn step(&mut self, batch: I) -> Result<StepOutcome<R::Item>, StepError> {
         if self.taken_out {
             return Err(StepError::ModelTakenOut);
         }
@@ -141,20 +149,20 @@ where
             None => self.graphs.plan(&key, &self.device),
         };
         self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;
-        let (loss, mode) = match plan {
+        let (output, mode) = match plan {
             Plan::Warmup => {
-                let (loss, observed) = self.observed_step(&batch, &inputs)?;
+                let (output, observed) = self.observed_step(&batch, &inputs)?;
                 let reason = self.graphs.warmed(&key, observed);
                 (
-                    loss,
+                    output,
                     StepMode::Eager(reason.unwrap_or(FallbackReason::Warmup)),
                 )
             }
             Plan::Verify => {
-                let (loss, observed) = self.observed_step(&batch, &inputs)?;
+                let (output, observed) = self.observed_step(&batch, &inputs)?;
                 let reason = self.graphs.verified(&key, observed);
                 (
-                    loss,
+                    output,
                     StepMode::Eager(reason.unwrap_or(FallbackReason::ModelReplaced)),
                 )
             }
@@ -163,7 +171,7 @@ where
         };
         self.lent.clear();
         self.finish_step(&mode);
-        Ok(StepOutcome { loss, mode })
+        Ok(StepOutcome { output, mode })
     }
 
     /// Sets the learning rate of the following steps, without re-capturing: once the
@@ -256,20 +264,20 @@ where
         &mut self,
         batch: &I,
         inputs: &[AnyTensor<G>],
-    ) -> Result<(Loss<G>, Observation), StepError> {
+    ) -> Result<(R::Item, Observation), StepError> {
         let accounted = self
             .graphs
             .owned(&mut self.learner)
             .with(inputs.iter().map(AnyTensor::allocation_id));
         let device = self.device.clone();
-        let (loss, recording) = G::rehearse(&device, || self.eager_step(batch, true))?;
+        let (output, recording) = G::rehearse(&device, || self.eager_step(batch, true))?;
         let recording = recording.unwrap_or_default();
         let observed = Observation {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
         };
-        Ok((loss, observed))
+        Ok((output, observed))
     }
 
     /// Runs a graph step, or the step eagerly with the reason the graph step failed.
@@ -279,7 +287,7 @@ where
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
-    ) -> Result<(Loss<G>, StepMode), StepError> {
+    ) -> Result<(R::Item, StepMode), StepError> {
         let attempt = if *plan == Plan::Capture {
             let captured = self.graphs.capture(
                 &mut self.learner,
@@ -291,11 +299,11 @@ where
             );
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
-            captured.map(|loss| (loss, StepMode::Captured))
+            captured.map(|output| (output, StepMode::Captured))
         } else {
             self.graphs
                 .replay(&mut self.learner, key, inputs)
-                .map(|loss| (loss, StepMode::Replayed))
+                .map(|output| (output, StepMode::Replayed))
         };
         let reason = match attempt {
             Ok(done) => return Ok(done),
@@ -310,8 +318,8 @@ where
             }
             Err(Fallback::Repin) => FallbackReason::PinnedBuffersChanged,
         };
-        let (loss, _) = self.eager_step(batch, false)?;
-        Ok((loss, StepMode::Eager(reason)))
+        let (output, _) = self.eager_step(batch, false)?;
+        Ok((output, StepMode::Eager(reason)))
     }
 
     /// One eager optimizer step, optionally recorded; its results are written into the
@@ -320,13 +328,13 @@ where
         &mut self,
         batch: &I,
         record: bool,
-    ) -> Result<(Loss<G>, Option<Recording>), StepError> {
+    ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let loss = self.learner.train(&mut self.step_fn, batch)?;
+        let item = self.learner.train(&mut self.step_fn, batch)?;
         let recording = session.map(CaptureSession::finish);
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
-        Ok((loss.detach(), recording))
+        Ok((detached(&item), recording))
     }
 
     fn finish_step(&mut self, mode: &StepMode) {

@@ -54,7 +54,7 @@ fn captured_trainer<G: Stack>(
     let step: LossFn<G> = loss;
     let mut trainer = GraphTrainer::new(work.model(device), adam::<G>(device), step, config);
     for batch in batches.iter().cycle().take(WARMUP + 1) {
-        read::<G>(trainer.step(batch.clone()).expect("step").loss);
+        read::<G>(trainer.step(batch.clone()).expect("step").output);
     }
     trainer
 }
@@ -72,7 +72,7 @@ pub fn graphed<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
             if outcome.mode != StepMode::Replayed {
                 not_replayed += 1;
             }
-            outcome.loss
+            outcome.output
         },
         read::<G>,
     );

@@ -208,7 +208,7 @@ where
         trainer.set_lr(lr_at(plan.base_lr, step));
         let outcome = trainer.step(batch(&mut task, plan.sizes)).expect("step");
         run.modes.push(outcome.mode);
-        run.losses.push(outcome.loss.into_scalar().elem());
+        run.losses.push(outcome.output.into_scalar().elem());
         between(step, trainer.model().expect("model"), &mut run.probes);
     }
     run.params = parameter_values(trainer.model().expect("model"));

@@ -52,8 +52,8 @@ fn shared_parameter_runs_eagerly<G: Stack>() {
             StepMode::Eager(FallbackReason::SharedWithTrainer(first.id())),
             "step {step}"
         );
-        a_run.losses.push(a.loss.into_scalar().elem());
-        b_run.losses.push(b.loss.into_scalar().elem());
+        a_run.losses.push(a.output.into_scalar().elem());
+        b_run.losses.push(b.output.into_scalar().elem());
     }
     assert_eq!(first.report().shared_with, Some(second.id()));
     assert_eq!(
@@ -83,7 +83,7 @@ fn a_trainer_made_from_a_graphed_trainers_model_keeps_its_values<G: Stack>() {
         trainer.set_lr(lr_at(LR, step));
         let outcome = trainer.step(batch::<G>(&mut task_a, SMALL)).expect("step");
         run.modes.push(outcome.mode);
-        run.losses.push(outcome.loss.into_scalar().elem());
+        run.losses.push(outcome.output.into_scalar().elem());
     };
     for step in 0..graphed_steps {
         step_first(&mut first, &mut a_run, step);
@@ -102,7 +102,7 @@ fn a_trainer_made_from_a_graphed_trainers_model_keeps_its_values<G: Stack>() {
         let b = second.step(batch(&mut task_b, SMALL)).expect("step");
         assert_eq!(a_run.modes.last().unwrap(), &StepMode::Replayed);
         assert_eq!(b.mode, StepMode::Eager(FallbackReason::Warmup));
-        b_run.losses.push(b.loss.into_scalar().elem());
+        b_run.losses.push(b.output.into_scalar().elem());
     }
     assert_eq!(
         first.report().graphs_alive,
@@ -181,7 +181,7 @@ fn dropping_a_trainer_with_replays_in_flight_is_safe<G: Stack>() {
         trainer.set_lr(lr_at(LR, step));
         let outcome = trainer.step(batch(&mut task, SMALL)).expect("step");
         modes.push(outcome.mode);
-        last_loss = Some(outcome.loss); // not read: replays stay queued
+        last_loss = Some(outcome.output); // not read: replays stay queued
     }
     assert_eq!(
         graph_count(),
@@ -258,7 +258,7 @@ fn a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly<G: Stack>() {
         let batch = task.next_batch(smaller(step), SMALL.time, &device());
         let outcome = trainer.step(batch).expect("step");
         graphed.modes.push(outcome.mode);
-        graphed.losses.push(outcome.loss.into_scalar().elem());
+        graphed.losses.push(outcome.output.into_scalar().elem());
     }
     assert_eq!(graphed.modes[WARMUP], StepMode::Captured);
     assert_eq!(graphed.modes[5], StepMode::Replayed);

@@ -99,7 +99,7 @@ where
         trainer.set_lr(lr_at(LR, step));
         let outcome = trainer.step(batch(step)).expect("step");
         run.modes.push(outcome.mode);
-        run.losses.push(outcome.loss.into_scalar().elem());
+        run.losses.push(outcome.output.into_scalar().elem());
     }
     run.params = parameter_values(&trainer.model().expect("model").valid());
     run.report = Some(trainer.report());
@@ -330,7 +330,7 @@ fn snapshots_keep_their_values<G: Stack>() {
         trainer.set_lr(lr_at(LR, index));
         let outcome = trainer.step(batch(index)).expect("step");
         run.modes.push(outcome.mode);
-        run.losses.push(outcome.loss.into_scalar().elem());
+        run.losses.push(outcome.output.into_scalar().elem());
     };
     for index in 0..=WARMUP {
         step(&mut trainer, &mut run, index);

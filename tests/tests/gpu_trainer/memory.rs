@@ -36,7 +36,7 @@ fn memory_is_flat_over_1000_replays<G: Stack>() {
             ref mode => assert!(step <= WARMUP, "step {step} not replayed: {mode:?}"),
         }
         if measure_at.contains(&replays) && outcome.mode == StepMode::Replayed {
-            let loss: f32 = outcome.loss.into_scalar().elem();
+            let loss: f32 = outcome.output.into_scalar().elem();
             assert!(loss.is_finite(), "replay {replays}: loss {loss}");
             G::sync(&device()).expect("sync");
             let (in_use, reserved) = pool_usage();
