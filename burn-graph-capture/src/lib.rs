@@ -12,6 +12,8 @@ pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod runtime;
 pub mod step;
+#[cfg(feature = "train")]
+pub mod train;
 
 pub use backend::{
     Allocated, AllocationId, AnyTensor, BreakerKind, BufferId, CaptureBreaker, CaptureSession,

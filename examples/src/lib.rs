@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod forecast;
+pub mod learner;
 pub mod model;
 pub mod plot;
 pub mod sunspots;

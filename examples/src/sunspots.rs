@@ -104,6 +104,25 @@ impl Sunspots {
             .collect())
     }
 
+    /// Start months of held-out windows, every `stride` months: each window's
+    /// inputs and targets lie in the held-out split.
+    pub fn held_out_starts(
+        &self,
+        seq_len: usize,
+        stride: usize,
+    ) -> Result<Vec<usize>, SeriesError> {
+        let end = self.raw.len();
+        if seq_len == 0 || self.split + seq_len + 1 > end {
+            return Err(SeriesError::TooShort {
+                months: end,
+                seq_len,
+            });
+        }
+        Ok((self.split..=end - seq_len - 1)
+            .step_by(stride.max(1))
+            .collect())
+    }
+
     /// One epoch of full batches over shuffled training windows (a partial last batch
     /// is dropped, so every step has the same shape and replays one graph).
     pub fn epoch(

@@ -40,6 +40,9 @@ pub enum FallbackReason {
     NoHardwareGraphs,
     /// The trainer's configuration turned capture off (`capture = false`).
     CaptureDisabled,
+    /// burn-train's gradient accumulation (an update every n steps) runs its own eager
+    /// loop (`train::GraphStrategy`).
+    GradientAccumulation,
     /// Two warmup steps ran different ops (or the same ops with other shapes or host
     /// values); `first_difference` is the index of the first op that differed.
     NonStaticControlFlow {
@@ -82,6 +85,7 @@ impl FallbackReason {
             FallbackReason::Warmup => "Warmup",
             FallbackReason::NoHardwareGraphs => "NoHardwareGraphs",
             FallbackReason::CaptureDisabled => "CaptureDisabled",
+            FallbackReason::GradientAccumulation => "GradientAccumulation",
             FallbackReason::NonStaticControlFlow { .. } => "NonStaticControlFlow",
             FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
             FallbackReason::UnlistedInput { .. } => "UnlistedInput",
