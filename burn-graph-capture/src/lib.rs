@@ -1,8 +1,15 @@
 //! Run Burn training steps on NVIDIA GPUs as CUDA graphs.
 //!
-//! The entry point is the backend decorator [`GraphCapture`]: it forwards every op to
-//! the inner backend and, while a [`CaptureSession`] is open, records the step's op
-//! signature and the ops that would break a CUDA graph.
+//! [`GraphTrainer`] runs one optimizer step per call: eager warmup, one capture per
+//! input shape, then replays, with a typed [`FallbackReason`] for every step that runs
+//! eagerly. It trains through [`TrainBackend`], `Autodiff` over the backend decorator
+//! [`GraphCapture`], which forwards every op to the inner backend and records what a
+//! step does while a [`CaptureSession`] is open. The `train` feature adds a burn-train
+//! strategy (`train::GraphStrategy`); the `cuda` feature adds the CUDA runtime and the
+//! `CudaFused` and `CudaCube` stacks. The guide (`book/`) explains the rest.
+//!
+#![doc = include_str!("../../book/src/quickstart.md")]
+#![deny(missing_docs)]
 
 // The derive names this crate by path, including in this crate's own tests.
 extern crate self as burn_graph_capture;

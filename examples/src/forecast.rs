@@ -24,7 +24,7 @@ use crate::{Batch, LstmRegressor, LstmRegressorConfig};
 #[command(about = "Forecast monthly sunspot numbers with an LSTM trained as CUDA graphs")]
 pub struct Options {
     /// Passes over the training windows.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 3)]
     pub epochs: usize,
     /// Windows per batch (a partial last batch is dropped).
     #[arg(long, default_value_t = 32)]
@@ -36,7 +36,7 @@ pub struct Options {
     #[arg(long, default_value_t = 32)]
     pub hidden: usize,
     /// Adam's learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Seeds the weights and the window order.
     #[arg(long, default_value_t = 42)]

@@ -104,8 +104,7 @@ where
 {
     type B<G> = TrainBackend<G>;
     let batcher = WindowBatcher::new(Arc::clone(series), options.seq_len);
-    let stride = (options.seq_len / 8).max(1);
-    let train_starts = series.window_starts(options.seq_len, stride)?;
+    let train_starts = series.window_starts(options.seq_len, 1)?;
     let valid_starts = series.held_out_starts(options.seq_len, options.seq_len)?;
     let train = DataLoaderBuilder::<B<G>, _, _>::new(batcher.clone())
         .batch_size(options.batch)

@@ -123,7 +123,7 @@ impl Sunspots {
             .collect())
     }
 
-    /// One epoch of full batches over shuffled training windows (a partial last batch
+    /// One epoch of full batches over every training window, shuffled (a partial last batch
     /// is dropped, so every step has the same shape and replays one graph).
     pub fn epoch(
         &self,
@@ -131,7 +131,7 @@ impl Sunspots {
         batch: usize,
         rng: &mut StdRng,
     ) -> Result<Vec<Vec<usize>>, SeriesError> {
-        let mut starts = self.window_starts(seq_len, (seq_len / 8).max(1))?;
+        let mut starts = self.window_starts(seq_len, 1)?;
         starts.shuffle(rng);
         Ok(starts
             .chunks_exact(batch.max(1))

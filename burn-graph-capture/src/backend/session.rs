@@ -97,7 +97,9 @@ impl fmt::Display for CaptureBreaker {
 /// Shape and dtype of one tensor input.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorSig {
+    /// The tensor's shape.
     pub shape: Shape,
+    /// Its element type.
     pub dtype: DType,
 }
 

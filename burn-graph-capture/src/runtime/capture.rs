@@ -102,6 +102,7 @@ fn union_bytes(ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
 /// An open capture window.
 #[derive(Debug, Default)]
 pub struct CaptureWindow {
+    /// What the recorded launches and copies use, kept for the graph's lifetime.
     pub retention: Retention,
     /// The first error; once set the window records nothing more.
     pub broken: Option<CaptureError>,
@@ -127,7 +128,9 @@ impl CaptureWindow {
 pub struct CapturedGraph {
     /// Owns `cuGraphExec` and `cuGraph` and an `Arc` of the stream it replays on.
     pub graph: CudaGraph,
+    /// What the graph's launches and copies use, kept while it lives.
     pub retention: Retention,
+    /// Kernel launches in the graph.
     pub launches: usize,
     /// The graph's private pool (see `graph_pool.rs`), retired when the graph goes.
     pub pool: Option<StreamId>,

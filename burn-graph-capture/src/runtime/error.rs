@@ -32,12 +32,22 @@ pub enum InitError {
     HeadersMissing(String),
     /// The driver loaded but reported an error (no device, bad driver version, ...).
     #[error("CudaGraphRuntime: CUDA driver call `{call}` failed: {error}")]
-    Driver { call: &'static str, error: String },
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's error.
+        error: String,
+    },
     /// The requested device index does not exist.
     #[error(
         "CudaGraphRuntime: device index {index} requested but only {count} CUDA device(s) found"
     )]
-    NoSuchDevice { index: usize, count: usize },
+    NoSuchDevice {
+        /// The index asked for.
+        index: usize,
+        /// Devices present.
+        count: usize,
+    },
 }
 
 impl InitError {
@@ -95,10 +105,16 @@ pub enum CaptureError {
         "the capture window needed a new device page ({bytes} bytes); run an eager warmup \
          step first so the pools hold the step's working set"
     )]
-    NeedsAllocation { bytes: u64 },
+    NeedsAllocation {
+        /// Size of the page the pool asked for.
+        bytes: u64,
+    },
     /// Pinned staging ran out inside the window (a new pinned page would be an allocation).
     #[error("the capture window ran out of pinned staging ({bytes} bytes asked)")]
-    StagingExhausted { bytes: u64 },
+    StagingExhausted {
+        /// Staging bytes asked for.
+        bytes: u64,
+    },
     /// A host synchronisation (read, sync, profile, dynamic cube count) inside the window.
     #[error("host synchronisation inside a capture window: {0}")]
     HostSync(&'static str),
@@ -116,7 +132,12 @@ pub enum CaptureError {
     Server(String),
     /// A driver call failed.
     #[error("CUDA driver call `{call}` failed: {error}")]
-    Driver { call: &'static str, error: String },
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's error.
+        error: String,
+    },
     /// The graph id is not (or no longer) known to the server.
     #[error("unknown graph {0}")]
     UnknownGraph(u64),

@@ -33,12 +33,19 @@ pub const MEMORY_ALIGNMENT: u64 = 512;
 pub struct DeviceAttributes {
     /// Compute capability as `major * 10 + minor` (90 for sm_90).
     pub arch_version: u32,
+    /// Threads per warp.
     pub warp_size: u32,
+    /// Shared memory a block may opt into, in bytes.
     pub max_shared_memory_per_block_optin: usize,
+    /// Most threads in one block.
     pub max_threads_per_block: u32,
+    /// Most threads along each block dimension.
     pub max_block_dim: (u32, u32, u32),
+    /// Most blocks along each grid dimension.
     pub max_grid_dim: (u32, u32, u32),
+    /// Streaming multiprocessors.
     pub multiprocessor_count: u32,
+    /// Device memory, in bytes.
     pub total_memory: u64,
 }
 

@@ -1,0 +1,24 @@
+//! The guide's code samples (`book/src`), compiled and run as this crate's doctests:
+//! `cargo test -p integration-tests --doc`. A chapter without Rust samples is not listed.
+//! mdBook renders the same files; lines starting with `# ` are hidden there too.
+
+#[doc = include_str!("../../book/src/quickstart.md")]
+pub mod quickstart {}
+
+#[doc = include_str!("../../book/src/trainer.md")]
+pub mod trainer {}
+
+#[doc = include_str!("../../book/src/learner.md")]
+pub mod learner {}
+
+#[doc = include_str!("../../book/src/optimizers.md")]
+pub mod optimizers {}
+
+#[doc = include_str!("../../book/src/report.md")]
+pub mod report {}
+
+#[doc = include_str!("../../book/src/sharing.md")]
+pub mod sharing {}
+
+#[doc = include_str!("../../book/src/decorator.md")]
+pub mod decorator {}
