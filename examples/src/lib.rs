@@ -4,7 +4,10 @@
 //!   `nn::Lstm`, a `Linear(hidden, 1)` head on every time step, MSE loss. The `lstm`
 //!   binary trains it on monthly sunspot numbers ([`sunspots`], [`forecast`]); the tests
 //!   and benchmarks train it on synthetic sines ([`SineTask`]).
-//! - [`CharLm`] is a character-level language model with int token inputs.
+//! - [`CharLm`] is a character-level language model with int token inputs; the `charlm`
+//!   binary trains it on Shakespeare's Sonnets ([`text`]).
+//! - [`learner`] trains the sunspot model through burn-train's `Learner` with
+//!   `GraphStrategy` (the `lstm-learner` binary).
 
 pub mod data;
 pub mod forecast;
@@ -12,6 +15,7 @@ pub mod learner;
 pub mod model;
 pub mod plot;
 pub mod sunspots;
+pub mod text;
 pub mod token;
 pub mod train;
 
