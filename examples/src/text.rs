@@ -154,9 +154,22 @@ mod tests {
     fn targets_are_the_next_tokens() {
         let corpus = Corpus::new("abcdefgh");
         let batch = corpus.windows::<Flex>(&[1], 3, &Default::default());
-        assert_eq!(batch.tokens.into_data().to_vec::<i64>().unwrap(), [1, 2, 3]);
         assert_eq!(
-            batch.targets.into_data().to_vec::<i64>().unwrap(),
+            batch
+                .tokens
+                .into_data()
+                .convert::<i64>()
+                .to_vec::<i64>()
+                .unwrap(),
+            [1, 2, 3]
+        );
+        assert_eq!(
+            batch
+                .targets
+                .into_data()
+                .convert::<i64>()
+                .to_vec::<i64>()
+                .unwrap(),
             [2, 3, 4]
         );
     }
