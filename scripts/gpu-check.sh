@@ -43,7 +43,8 @@ for line in sys.stdin:
 
 # GPU_PACK (default: all) names the binaries to build, space-separated, out of:
 # gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench
-# gpu_conformance. A stage whose binary is not packed fails to start.
+# gpu_conformance lstm lstm-learner charlm (the last three: the examples, for the
+# `examples` stage). A stage whose binary is not packed fails to start.
 pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
@@ -60,6 +61,9 @@ pack() {
                 && src="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench" ;;
         # CubeCL conformance suites: a workspace of its own (see conformance/Cargo.toml).
         gpu_conformance) src=$(cd "$here/../conformance" && test_binary gpu-conformance gpu_conformance test "") ;;
+        lstm | lstm-learner | charlm)
+            cargo build --release --features cuda -p lstm-example --bin "$name" \
+                && src="${CARGO_TARGET_DIR:-target}/release/$name" ;;
         *) echo "unknown binary $name"; exit 2 ;;
         esac
         [ -n "$src" ] && [ -f "$src" ] || { echo "build of $name failed"; exit 1; }
@@ -214,7 +218,7 @@ run() {
     # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
     local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -259,6 +263,12 @@ run() {
     fi
     if [[ $what == suite ]]; then
         suite_stage
+    fi
+    if [[ $what == examples ]]; then
+        cubecl_setup
+        examples_stage "$bin" "$out"
+        tar -czf "$out/examples.tar.gz" -C "$out" examples && rm -rf "$out/examples"
+        cubecl_save
     fi
     speed_stages "$what"
     if [[ $what == all || $what == bench ]]; then
@@ -404,8 +414,34 @@ conformance_table() {
     sed 's/^/  /' "$out/conformance-regressions.txt"
 }
 
+# The examples on the GPU (issue 13's acceptance): the sunspot LSTM graphed, eagerly
+# through this crate and on stock burn-cuda with Burn's Adam (--compare --stock), the same
+# model through burn-train's Learner (graphed, eager, stock), and the character LM. Each
+# writes its files into $OUT/examples/<name> (tarred into examples.tar.gz), running in
+# the cubecl config directory so autotune results persist; the summary comes last.
+examples_stage() {
+    local bin=$1 out=$2 epochs=${EXAMPLE_EPOCHS:-3}
+    mkdir -p "$out/examples"
+    local name rc
+    for name in lstm lstm-learner charlm; do
+        [ -x "$bin/$name" ] || { echo "$name not packed"; continue; }
+    done
+    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --compare --stock \
+        --out "$out/examples/lstm" >"$out/examples/lstm.log" 2>&1; echo "lstm rc=$?" >>"$out/examples/rc.txt")
+    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm-learner" --epochs "$epochs" --compare --stock \
+        --out "$out/examples/learner" >"$out/examples/learner.log" 2>&1; echo "lstm-learner rc=$?" >>"$out/examples/rc.txt")
+    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/charlm" \
+        --out "$out/examples/charlm" >"$out/examples/charlm.log" 2>&1; echo "charlm rc=$?" >>"$out/examples/rc.txt")
+    echo "== examples: summary"
+    cat "$out/examples/rc.txt"
+    for log in lstm learner charlm; do
+        echo "-- $log"
+        grep -E "RMSE|bits per|steps|eager|stock|bit-identical|captured|error|panicked" "$out/examples/$log.log" | tail -12
+    done
+}
+
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|examples|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac

@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::AutodiffBackend;
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{
     GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
@@ -50,6 +52,10 @@ pub struct Options {
     /// Also train eagerly from the same start and overlay both loss curves.
     #[arg(long, conflicts_with = "eager")]
     pub compare: bool,
+    /// Also train with stock Burn (burn-cuda with `--features cuda`, else Flex) and
+    /// Burn's own Adam, from the same start on the same batches.
+    #[arg(long)]
+    pub stock: bool,
 }
 
 impl Options {
@@ -68,6 +74,8 @@ impl Options {
 
 /// One training run's outcome.
 pub struct Run<B: Backend> {
+    /// How it trained, for legends and logs.
+    pub label: String,
     /// The trained model.
     pub model: LstmRegressor<B>,
     /// The loss of every step, in order.
@@ -76,8 +84,8 @@ pub struct Run<B: Backend> {
     pub eval: Evaluation,
     /// Wall time of the training loop (evaluation excluded).
     pub seconds: f64,
-    /// What the trainer did, step by step.
-    pub report: TrainerReport,
+    /// What the trainer did, step by step (`None` for stock Burn).
+    pub report: Option<TrainerReport>,
 }
 
 impl<B: Backend> Run<B> {
@@ -141,11 +149,53 @@ pub fn train<G: GraphBackend>(
         .clone();
     let eval = evaluate(&model.valid(), series, options.seq_len, device);
     Ok(Run {
+        label: label.to_owned(),
         model,
         losses,
         eval,
         seconds,
-        report: trainer.report(),
+        report: Some(trainer.report()),
+    })
+}
+
+/// Trains with stock Burn on `S` and Burn's own Adam: the same initial weights, batches
+/// and learning rate as [`train`], no graphs, no capturable optimizer.
+pub fn train_stock<S: AutodiffBackend>(
+    options: &Options,
+    series: &Sunspots,
+    device: &S::Device,
+) -> anyhow::Result<Run<S>> {
+    let mut model = from_bytes::<S>(&options.model_config(), options.initial_weights(), device);
+    let mut optimizer = AdamConfig::new().init::<S, LstmRegressor<S>>();
+    let mut rng = shuffler(options.seed);
+    let per_epoch = series
+        .epoch(options.seq_len, options.batch, &mut shuffler(0))?
+        .len();
+    let progress = progress_bar((per_epoch * options.epochs) as u64, "stock");
+    let mut losses = Vec::new();
+    let start = Instant::now();
+    for _ in 0..options.epochs {
+        for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
+            let batch = series.batch::<S>(&starts, options.seq_len, device);
+            let loss = model.loss(batch.x, batch.y);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optimizer.step(options.lr, model, grads);
+            let loss: f32 = loss.into_scalar().elem();
+            losses.push(loss);
+            progress.set_message(format!("loss {loss:.4}"));
+            progress.inc(1);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    progress.finish();
+    let eval = evaluate(&model.valid(), series, options.seq_len, device);
+    Ok(Run {
+        label: "stock".to_owned(),
+        model,
+        losses,
+        eval,
+        seconds,
+        report: None,
     })
 }
 
@@ -187,37 +237,43 @@ pub struct Summary<'a> {
     pub steps_per_second: f64,
     /// The last step's loss.
     pub final_loss: Option<f32>,
-    /// With `--compare`: the eager run's curve, and whether it equals the graphed one
-    /// bit for bit.
+    /// With `--compare`: the eager run against the graphed one.
     pub eager_comparison: Option<Comparison>,
+    /// With `--stock`: stock Burn with Burn's Adam against the graphed run.
+    pub stock_comparison: Option<Comparison>,
 }
 
-/// The graphed run against the eager run of the same training.
+/// The graphed run against another run of the same training.
 #[derive(Debug, Serialize)]
 pub struct Comparison {
-    /// Eager training steps per second.
+    /// The other run's training steps per second.
     pub steps_per_second: f64,
+    /// The graphed run's speed over the other's.
+    pub speedup: f64,
     /// Largest difference between the two loss curves.
     pub max_loss_difference: f32,
+    /// Largest difference relative to the loss, `|a - b| / max(|a|, |b|)`.
+    pub max_relative_loss_difference: f32,
     /// Whether every loss is bit-identical.
     pub bit_exact: bool,
-    /// The eager run's held-out errors.
+    /// The other run's held-out errors.
     pub eval: Evaluation,
 }
 
 impl Comparison {
-    /// Compares `graphed` with `eager`.
-    pub fn of<B: Backend, E: Backend>(graphed: &Run<B>, eager: &Run<E>) -> Self {
-        let pairs = graphed.losses.iter().zip(&eager.losses);
+    /// Compares `graphed` with `other`.
+    pub fn of<B: Backend, E: Backend>(graphed: &Run<B>, other: &Run<E>) -> Self {
+        let pairs = || graphed.losses.iter().zip(&other.losses);
+        let relative =
+            |(a, b): (&f32, &f32)| (a - b).abs() / a.abs().max(b.abs()).max(f32::MIN_POSITIVE);
         Self {
-            steps_per_second: eager.steps_per_second(),
-            max_loss_difference: pairs
-                .clone()
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max),
-            bit_exact: graphed.losses.len() == eager.losses.len()
-                && pairs.into_iter().all(|(a, b)| a.to_bits() == b.to_bits()),
-            eval: eager.eval,
+            steps_per_second: other.steps_per_second(),
+            speedup: graphed.steps_per_second() / other.steps_per_second().max(f64::EPSILON),
+            max_loss_difference: pairs().map(|(a, b)| (a - b).abs()).fold(0.0, f32::max),
+            max_relative_loss_difference: pairs().map(relative).fold(0.0, f32::max),
+            bit_exact: graphed.losses.len() == other.losses.len()
+                && pairs().all(|(a, b)| a.to_bits() == b.to_bits()),
+            eval: other.eval,
         }
     }
 }
@@ -230,7 +286,9 @@ pub fn save<B: Backend>(out: &Path, run: &Run<B>, summary: &Summary<'_>) -> anyh
         .clone()
         .save_file(out.join("model"), &recorder)
         .context("saving the model")?;
-    write_json(&out.join("report.json"), &run.report)?;
+    if let Some(report) = &run.report {
+        write_json(&out.join("report.json"), report)?;
+    }
     write_json(&out.join("summary.json"), summary)
 }
 

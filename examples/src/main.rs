@@ -4,7 +4,8 @@
 //! eagerly, and the report says why (`NoHardwareGraphs` after warmup).
 //! `cargo run --release -p lstm-example --features cuda` trains on an NVIDIA GPU through
 //! this crate's runtime with Burn's fusion on top (`CudaFused`): warmup, one captured
-//! step, then replays. `--compare` also trains eagerly and overlays both loss curves.
+//! step, then replays. `--compare` also trains eagerly through this crate, `--stock`
+//! with stock Burn and Burn's Adam; the plot overlays every curve.
 //!
 //! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
@@ -19,6 +20,12 @@ use lstm_example::sunspots::Sunspots;
 type Inner = burn::backend::Flex;
 #[cfg(feature = "cuda")]
 type Inner = burn_graph_capture::CudaFused;
+
+/// Stock Burn for `--stock`: burn-cuda on the GPU, Flex on the CPU, with autodiff.
+#[cfg(not(feature = "cuda"))]
+type Stock = burn::backend::Autodiff<burn::backend::Flex>;
+#[cfg(feature = "cuda")]
+type Stock = burn::backend::Autodiff<burn::backend::Cuda>;
 
 fn main() -> anyhow::Result<()> {
     let options = Options::parse();
@@ -39,13 +46,14 @@ fn main() -> anyhow::Result<()> {
 
     let label = if options.eager { "eager" } else { "graphed" };
     let run = forecast::train::<Inner>(&options, &series, !options.eager, &device, label)?;
-    let eager = if options.compare {
-        Some(forecast::train::<Inner>(
-            &options, &series, false, &device, "eager",
-        )?)
-    } else {
-        None
-    };
+    let eager = options
+        .compare
+        .then(|| forecast::train::<Inner>(&options, &series, false, &device, "eager"))
+        .transpose()?;
+    let stock = options
+        .stock
+        .then(|| forecast::train_stock::<Stock>(&options, &series, &Default::default()))
+        .transpose()?;
 
     let mut curves = vec![Curve {
         label,
@@ -55,6 +63,12 @@ fn main() -> anyhow::Result<()> {
         curves.push(Curve {
             label: "eager",
             losses: &eager.losses,
+        });
+    }
+    if let Some(stock) = &stock {
+        curves.push(Curve {
+            label: "stock Burn, Burn's Adam",
+            losses: &stock.losses,
         });
     }
     std::fs::create_dir_all(&options.out)?;
@@ -71,6 +85,7 @@ fn main() -> anyhow::Result<()> {
         steps_per_second: run.steps_per_second(),
         final_loss: run.losses.last().copied(),
         eager_comparison: eager.as_ref().map(|eager| Comparison::of(&run, eager)),
+        stock_comparison: stock.as_ref().map(|stock| Comparison::of(&run, stock)),
     };
     forecast::save(&options.out, &run, &summary)?;
 
@@ -78,20 +93,36 @@ fn main() -> anyhow::Result<()> {
         "held-out RMSE {:.2} sunspots (naive, last month repeated: {:.2}) over {} months",
         run.eval.rmse, run.eval.naive_rmse, run.eval.months
     );
+    let modes = run
+        .report
+        .as_ref()
+        .map(|r| r.modes.clone())
+        .unwrap_or_default();
     println!(
         "{} steps in {:.1} s ({:.1} steps/s); modes: {} captured, {} replayed, {} eager",
         run.losses.len(),
         run.seconds,
         run.steps_per_second(),
-        run.report.modes.captured,
-        run.report.modes.replayed,
-        run.report.modes.eager,
+        modes.captured,
+        modes.replayed,
+        modes.eager,
     );
-    if let Some(comparison) = &summary.eager_comparison {
-        println!(
-            "eager: {:.1} steps/s; largest loss difference {:e} (bit-exact: {})",
-            comparison.steps_per_second, comparison.max_loss_difference, comparison.bit_exact
-        );
+    for (name, comparison) in [
+        ("eager", &summary.eager_comparison),
+        ("stock", &summary.stock_comparison),
+    ] {
+        if let Some(c) = comparison {
+            println!(
+                "{name}: {:.1} steps/s (graphed is {:.2}x); largest loss difference {:e} \
+                 (relative {:e}, bit-exact: {}); held-out RMSE {:.2}",
+                c.steps_per_second,
+                c.speedup,
+                c.max_loss_difference,
+                c.max_relative_loss_difference,
+                c.bit_exact,
+                c.eval.rmse
+            );
+        }
     }
     println!(
         "wrote model.mpk, loss.svg, report.json, summary.json to {}",
