@@ -15,6 +15,7 @@
 extern crate self as burn_graph_capture;
 
 pub mod backend;
+pub mod nn;
 pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod runtime;

@@ -16,8 +16,10 @@ pub struct LstmRegressorConfig {
 /// An LSTM that predicts one value per time step.
 #[derive(Module, Debug)]
 pub struct LstmRegressor<B: Backend> {
-    lstm: Lstm<B>,
-    head: Linear<B>,
+    /// The recurrent layer.
+    pub lstm: Lstm<B>,
+    /// The per-step output layer.
+    pub head: Linear<B>,
 }
 
 impl LstmRegressorConfig {

@@ -1,0 +1,202 @@
+//! Conversion between [`FusedLstm`] and Burn's `nn::Lstm`: existing models switch, and
+//! switch back, without retraining.
+
+use burn::module::{Module, Param};
+use burn::nn::activation::Activation;
+use burn::nn::{Linear, Lstm, LstmConfig, LstmRecord};
+use burn::tensor::{Tensor, backend::Backend};
+
+use super::module::{FusedLstm, FusedLstmLayer};
+
+/// Why an `nn::Lstm` (or a stack of them) cannot become a [`FusedLstm`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LstmConversionError {
+    /// The `nn::Lstm` uses an option the fused form does not compute.
+    #[error("nn::Lstm option `{0}` has no FusedLstm equivalent")]
+    Unsupported(&'static str),
+    /// No layers were given.
+    #[error("a FusedLstm needs at least one layer")]
+    NoLayers,
+    /// Stacked layers must share hidden size and layout, and feed each other.
+    #[error("layer {layer} does not stack on the one before it: {what}")]
+    Stacking {
+        /// The offending layer's index.
+        layer: usize,
+        /// What differs.
+        what: String,
+    },
+}
+
+/// Gates in `nn::Lstm`, in the packed order `[input, forget, cell, output]`.
+fn gates<B: Backend>(lstm: &Lstm<B>) -> [&burn::nn::GateController<B>; 4] {
+    [
+        &lstm.input_gate,
+        &lstm.forget_gate,
+        &lstm.cell_gate,
+        &lstm.output_gate,
+    ]
+}
+
+fn check<B: Backend>(lstm: &Lstm<B>) -> Result<(), LstmConversionError> {
+    use LstmConversionError::Unsupported;
+    if lstm.reverse {
+        return Err(Unsupported("reverse"));
+    }
+    if lstm.clip.is_some() {
+        return Err(Unsupported("clip"));
+    }
+    if lstm.input_forget {
+        return Err(Unsupported("input_forget"));
+    }
+    if !matches!(lstm.gate_activation, Activation::Sigmoid(_)) {
+        return Err(Unsupported("gate_activation (only sigmoid)"));
+    }
+    if !matches!(lstm.cell_activation, Activation::Tanh(_)) {
+        return Err(Unsupported("cell_activation (only tanh)"));
+    }
+    if !matches!(lstm.hidden_activation, Activation::Tanh(_)) {
+        return Err(Unsupported("hidden_activation (only tanh)"));
+    }
+    Ok(())
+}
+
+/// The four gates' weights of one side (`pick` chooses input or hidden transform),
+/// packed along the output dimension, and their biases if any.
+fn pack<B: Backend>(
+    lstm: &Lstm<B>,
+    pick: impl Fn(&burn::nn::GateController<B>) -> &Linear<B>,
+) -> (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>) {
+    let linears = gates(lstm).map(pick);
+    let weight = Tensor::cat(linears.iter().map(|l| l.weight.val()).collect(), 1);
+    let biases: Option<Vec<_>> = linears
+        .iter()
+        .map(|l| l.bias.as_ref().map(Param::val))
+        .collect();
+    (
+        Param::from_tensor(weight.detach()),
+        biases.map(|b| Param::from_tensor(Tensor::cat(b, 0).detach())),
+    )
+}
+
+/// Gate `k`'s block of a packed `[rows, 4H]` weight.
+fn unpack_weight<B: Backend>(weight: &Param<Tensor<B, 2>>, k: usize) -> Param<Tensor<B, 2>> {
+    let [_, four_h] = weight.dims();
+    let h = four_h / 4;
+    Param::from_tensor(weight.val().narrow(1, k * h, h).detach())
+}
+
+/// Gate `k`'s block of a packed `[4H]` bias.
+fn unpack_bias<B: Backend>(
+    bias: &Option<Param<Tensor<B, 1>>>,
+    k: usize,
+) -> Option<Param<Tensor<B, 1>>> {
+    bias.as_ref().map(|b| {
+        let h = b.dims()[0] / 4;
+        Param::from_tensor(b.val().narrow(0, k * h, h).detach())
+    })
+}
+
+impl<B: Backend> FusedLstmLayer<B> {
+    fn from_lstm(lstm: &Lstm<B>) -> Result<Self, LstmConversionError> {
+        check(lstm)?;
+        let (input_weight, input_bias) = pack(lstm, |gate| &gate.input_transform);
+        let (hidden_weight, hidden_bias) = pack(lstm, |gate| &gate.hidden_transform);
+        Ok(Self {
+            input_weight,
+            hidden_weight,
+            input_bias,
+            hidden_bias,
+        })
+    }
+
+    fn to_lstm(&self, batch_first: bool) -> Lstm<B> {
+        let [d_input, four_h] = self.input_weight.dims();
+        let device = self.input_weight.device();
+        let config = LstmConfig::new(d_input, four_h / 4, self.input_bias.is_some())
+            .with_batch_first(batch_first);
+        let mut lstm = config.init::<B>(&device);
+        let gates = [
+            &mut lstm.input_gate,
+            &mut lstm.forget_gate,
+            &mut lstm.cell_gate,
+            &mut lstm.output_gate,
+        ];
+        for (k, gate) in gates.into_iter().enumerate() {
+            gate.input_transform.weight = unpack_weight(&self.input_weight, k);
+            gate.input_transform.bias = unpack_bias(&self.input_bias, k);
+            gate.hidden_transform.weight = unpack_weight(&self.hidden_weight, k);
+            gate.hidden_transform.bias = unpack_bias(&self.hidden_bias, k);
+        }
+        lstm
+    }
+}
+
+impl<B: Backend> FusedLstm<B> {
+    /// The same LSTM as `lstm` (one layer), computing the same function.
+    pub fn from_lstm(lstm: &Lstm<B>) -> Result<Self, LstmConversionError> {
+        Self::from_lstms(std::slice::from_ref(lstm))
+    }
+
+    /// A stack of `nn::Lstm`s as one module: each layer's output feeds the next.
+    pub fn from_lstms(layers: &[Lstm<B>]) -> Result<Self, LstmConversionError> {
+        let first = layers.first().ok_or(LstmConversionError::NoLayers)?;
+        for (index, pair) in layers.windows(2).enumerate() {
+            let [below, above] = pair else { unreachable!() };
+            let [d_input, _] = above.input_gate.input_transform.weight.dims();
+            let what = if above.d_hidden != first.d_hidden {
+                Some(format!(
+                    "hidden size {} instead of {}",
+                    above.d_hidden, first.d_hidden
+                ))
+            } else if above.batch_first != first.batch_first {
+                Some("batch_first differs".to_owned())
+            } else if d_input != below.d_hidden {
+                Some(format!(
+                    "takes {d_input} inputs, the layer below outputs {}",
+                    below.d_hidden
+                ))
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                return Err(LstmConversionError::Stacking {
+                    layer: index + 1,
+                    what,
+                });
+            }
+        }
+        Ok(Self {
+            layers: layers
+                .iter()
+                .map(FusedLstmLayer::from_lstm)
+                .collect::<Result<_, _>>()?,
+            d_hidden: first.d_hidden,
+            batch_first: first.batch_first,
+        })
+    }
+
+    /// Builds the `nn::Lstm` of `config`, loads `record` into it, and converts it.
+    pub fn from_lstm_record(
+        config: &LstmConfig,
+        record: LstmRecord<B>,
+        device: &B::Device,
+    ) -> Result<Self, LstmConversionError> {
+        Self::from_lstm(&config.init::<B>(device).load_record(record))
+    }
+
+    /// Every layer as an `nn::Lstm` computing the same function.
+    pub fn to_lstms(&self) -> Vec<Lstm<B>> {
+        self.layers
+            .iter()
+            .map(|layer| layer.to_lstm(self.batch_first))
+            .collect()
+    }
+
+    /// Every layer's `nn::Lstm` record.
+    pub fn to_lstm_records(&self) -> Vec<LstmRecord<B>> {
+        self.to_lstms()
+            .into_iter()
+            .map(Module::into_record)
+            .collect()
+    }
+}
