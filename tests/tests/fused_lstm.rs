@@ -340,7 +340,11 @@ fn trains_like_nn_lstm_and_passes_the_capture_guards() {
         lstm: FusedLstm::from_lstm(&copy.lstm).unwrap(),
         head: copy.head,
     };
-    let adam = || CapturableAdamConfig::new().with_learning_rate(1e-2).init::<T>(&device);
+    let adam = || {
+        CapturableAdamConfig::new()
+            .with_learning_rate(1e-2)
+            .init::<T>(&device)
+    };
     let mut stock = GraphTrainer::new(
         reference,
         adam(),
@@ -365,5 +369,9 @@ fn trains_like_nn_lstm_and_passes_the_capture_guards() {
     }
     let report = ours.report();
     assert_eq!(report.fallbacks.get("Warmup"), Some(&3), "{report:?}");
-    assert_eq!(report.fallbacks.get("NoHardwareGraphs"), Some(&17), "{report:?}");
+    assert_eq!(
+        report.fallbacks.get("NoHardwareGraphs"),
+        Some(&17),
+        "{report:?}"
+    );
 }
