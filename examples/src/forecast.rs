@@ -12,11 +12,13 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{
-    GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
+    GraphBackend, GraphCapture, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
+    TrainerReport,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::model::Forecaster;
 use crate::sunspots::{Evaluation, Sunspots, shuffler};
 use crate::train::{from_bytes, to_bytes};
 use crate::{Batch, LstmRegressor, LstmRegressorConfig};
@@ -56,6 +58,10 @@ pub struct Options {
     /// Burn's own Adam, from the same start on the same batches.
     #[arg(long)]
     pub stock: bool,
+    /// Train the model with `FusedLstm` (the batched LSTM) in place of `nn::Lstm`, from
+    /// the same weights.
+    #[arg(long)]
+    pub fused: bool,
 }
 
 impl Options {
@@ -72,12 +78,12 @@ impl Options {
     }
 }
 
-/// One training run's outcome.
-pub struct Run<B: Backend> {
+/// One training run's outcome; `M` is the trained model.
+pub struct Run<M> {
     /// How it trained, for legends and logs.
     pub label: String,
     /// The trained model.
-    pub model: LstmRegressor<B>,
+    pub model: M,
     /// The loss of every step, in order.
     pub losses: Vec<f32>,
     /// Held-out errors.
@@ -88,30 +94,39 @@ pub struct Run<B: Backend> {
     pub report: Option<TrainerReport>,
 }
 
-impl<B: Backend> Run<B> {
+impl<M> Run<M> {
     /// Training steps per second.
     pub fn steps_per_second(&self) -> f64 {
         self.losses.len() as f64 / self.seconds.max(f64::EPSILON)
     }
 }
 
-/// Trains with `GraphTrainer` on `G` (graphed unless `capture` is false).
-pub fn train<G: GraphBackend>(
+/// The model these options start from, on `B`: `nn::Lstm`, or (`--fused`) the same
+/// weights in `FusedLstm`.
+pub fn initial_model<B: Backend>(options: &Options, device: &B::Device) -> LstmRegressor<B> {
+    from_bytes::<B>(&options.model_config(), options.initial_weights(), device)
+}
+
+/// Trains `model` with `GraphTrainer` on `G` (graphed unless `capture` is false).
+pub fn train<G, M>(
     options: &Options,
     series: &Sunspots,
+    model: M,
     capture: bool,
-    device: &G::Device,
     label: &str,
-) -> anyhow::Result<Run<TrainBackend<G>>> {
-    type Model<G> = LstmRegressor<TrainBackend<G>>;
-    let model =
-        from_bytes::<TrainBackend<G>>(&options.model_config(), options.initial_weights(), device);
+) -> anyhow::Result<Run<M>>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>> + Forecaster<TrainBackend<G>>,
+    M::InnerModule: Forecaster<GraphCapture<G>>,
+{
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    let device = &device;
     let optimizer = CapturableAdamConfig::new()
         .with_learning_rate(options.lr)
         .init::<TrainBackend<G>>(device);
-    let loss = |model: &Model<G>, batch: &Batch<TrainBackend<G>>| {
-        model.loss(batch.x.clone(), batch.y.clone())
-    };
+    let loss =
+        |model: &M, batch: &Batch<TrainBackend<G>>| model.mse(batch.x.clone(), batch.y.clone());
     let config = GraphTrainerConfig::new().with_capture(capture);
     let mut trainer = GraphTrainer::new(model, optimizer, loss, config);
 
@@ -158,14 +173,14 @@ pub fn train<G: GraphBackend>(
     })
 }
 
-/// Trains with stock Burn on `S` and Burn's own Adam: the same initial weights, batches
-/// and learning rate as [`train`], no graphs, no capturable optimizer.
+/// Trains `nn::Lstm` with stock Burn on `S` and Burn's own Adam: the same initial
+/// weights, batches and learning rate as [`train`], no graphs, no capturable optimizer.
 pub fn train_stock<S: AutodiffBackend>(
     options: &Options,
     series: &Sunspots,
     device: &S::Device,
-) -> anyhow::Result<Run<S>> {
-    let mut model = from_bytes::<S>(&options.model_config(), options.initial_weights(), device);
+) -> anyhow::Result<Run<LstmRegressor<S>>> {
+    let mut model = initial_model::<S>(options, device);
     let mut optimizer = AdamConfig::new().init::<S, LstmRegressor<S>>();
     let mut rng = shuffler(options.seed);
     let per_epoch = series
@@ -200,14 +215,14 @@ pub fn train_stock<S: AutodiffBackend>(
 }
 
 /// Forecasts every held-out month (with `context` months of warm-up before the split).
-pub fn evaluate<B: Backend>(
-    model: &LstmRegressor<B>,
+pub fn evaluate<B: Backend, M: Forecaster<B>>(
+    model: &M,
     series: &Sunspots,
     context: usize,
     device: &B::Device,
 ) -> Evaluation {
     let input = series.held_out_input::<B>(context, device);
-    let changes = model.forward(input).into_data().convert::<f32>();
+    let changes = model.predict(input).into_data().convert::<f32>();
     series.evaluate(context, &changes.to_vec::<f32>().expect("converted to f32"))
 }
 
@@ -262,7 +277,7 @@ pub struct Comparison {
 
 impl Comparison {
     /// Compares `graphed` with `other`.
-    pub fn of<B: Backend, E: Backend>(graphed: &Run<B>, other: &Run<E>) -> Self {
+    pub fn of<M, N>(graphed: &Run<M>, other: &Run<N>) -> Self {
         let pairs = || graphed.losses.iter().zip(&other.losses);
         let relative =
             |(a, b): (&f32, &f32)| (a - b).abs() / a.abs().max(b.abs()).max(f32::MIN_POSITIVE);
@@ -279,7 +294,11 @@ impl Comparison {
 }
 
 /// Writes `model.mpk`, `report.json` and `summary.json` into `out`.
-pub fn save<B: Backend>(out: &Path, run: &Run<B>, summary: &Summary<'_>) -> anyhow::Result<()> {
+pub fn save<B: Backend, M: Module<B>>(
+    out: &Path,
+    run: &Run<M>,
+    summary: &Summary<'_>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
     run.model

@@ -5,12 +5,16 @@
 //! `cargo run --release -p lstm-example --features cuda` trains on an NVIDIA GPU through
 //! this crate's runtime with Burn's fusion on top (`CudaFused`): warmup, one captured
 //! step, then replays. `--compare` also trains eagerly through this crate, `--stock`
-//! with stock Burn and Burn's Adam; the plot overlays every curve.
+//! with stock Burn and Burn's Adam; the plot overlays every curve. `--fused` trains the
+//! same weights with `FusedLstm` in place of `nn::Lstm`.
 //!
 //! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
+use burn::module::AutodiffModule;
+use burn_graph_capture::{GraphCapture, TrainBackend};
 use clap::Parser;
 use lstm_example::forecast::{self, Comparison, Options, Summary};
+use lstm_example::model::Forecaster;
 use lstm_example::plot::{self, Curve};
 use lstm_example::sunspots::Sunspots;
 
@@ -31,33 +35,53 @@ fn main() -> anyhow::Result<()> {
     let options = Options::parse();
     let series = Sunspots::load()?;
     let device = Default::default();
-    let backend = std::any::type_name::<Inner>();
     println!(
-        "sunspots: {} months ({} train, {} held out); LSTM hidden {}, windows of {} months, \
-         batch {}, {} epochs, on {backend}",
+        "sunspots: {} months ({} train, {} held out); {} hidden {}, windows of {} months, \
+         batch {}, {} epochs, on {}",
         series.raw.len(),
         series.split,
         series.raw.len() - series.split,
+        if options.fused {
+            "FusedLstm"
+        } else {
+            "nn::Lstm"
+        },
         options.hidden,
         options.seq_len,
         options.batch,
         options.epochs,
+        std::any::type_name::<Inner>(),
     );
+    let initial = forecast::initial_model::<TrainBackend<Inner>>(&options, &device);
+    if options.fused {
+        run(&options, &series, initial.to_fused()?)
+    } else {
+        run(&options, &series, initial)
+    }
+}
 
+/// Trains `initial` graphed (and, as asked, eagerly and with stock Burn), then plots,
+/// saves and prints.
+fn run<M>(options: &Options, series: &Sunspots, initial: M) -> anyhow::Result<()>
+where
+    M: AutodiffModule<TrainBackend<Inner>> + Forecaster<TrainBackend<Inner>>,
+    M::InnerModule: Forecaster<GraphCapture<Inner>>,
+{
     let label = if options.eager { "eager" } else { "graphed" };
-    let run = forecast::train::<Inner>(&options, &series, !options.eager, &device, label)?;
+    let capture = !options.eager;
+    let graphed = forecast::train::<Inner, M>(options, series, initial.clone(), capture, label)?;
     let eager = options
         .compare
-        .then(|| forecast::train::<Inner>(&options, &series, false, &device, "eager"))
+        .then(|| forecast::train::<Inner, M>(options, series, initial, false, "eager"))
         .transpose()?;
     let stock = options
         .stock
-        .then(|| forecast::train_stock::<Stock>(&options, &series, &Default::default()))
+        .then(|| forecast::train_stock::<Stock>(options, series, &Default::default()))
         .transpose()?;
 
     let mut curves = vec![Curve {
         label,
-        losses: &run.losses,
+        losses: &graphed.losses,
     }];
     if let Some(eager) = &eager {
         curves.push(Curve {
@@ -67,7 +91,7 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(stock) = &stock {
         curves.push(Curve {
-            label: "stock Burn, Burn's Adam",
+            label: "stock Burn, nn::Lstm, Burn's Adam",
             losses: &stock.losses,
         });
     }
@@ -78,39 +102,40 @@ fn main() -> anyhow::Result<()> {
         &curves,
     )?;
     let summary = Summary {
-        options: &options,
-        backend,
-        eval: run.eval,
-        steps: run.losses.len(),
-        steps_per_second: run.steps_per_second(),
-        final_loss: run.losses.last().copied(),
-        eager_comparison: eager.as_ref().map(|eager| Comparison::of(&run, eager)),
-        stock_comparison: stock.as_ref().map(|stock| Comparison::of(&run, stock)),
+        options,
+        backend: std::any::type_name::<Inner>(),
+        eval: graphed.eval,
+        steps: graphed.losses.len(),
+        steps_per_second: graphed.steps_per_second(),
+        final_loss: graphed.losses.last().copied(),
+        eager_comparison: eager.as_ref().map(|eager| Comparison::of(&graphed, eager)),
+        stock_comparison: stock.as_ref().map(|stock| Comparison::of(&graphed, stock)),
     };
-    forecast::save(&options.out, &run, &summary)?;
+    forecast::save::<TrainBackend<Inner>, M>(&options.out, &graphed, &summary)?;
 
     println!(
         "held-out RMSE {:.2} sunspots (naive, last month repeated: {:.2}) over {} months",
-        run.eval.rmse, run.eval.naive_rmse, run.eval.months
+        graphed.eval.rmse, graphed.eval.naive_rmse, graphed.eval.months
     );
-    let modes = run
+    let modes = graphed
         .report
         .as_ref()
         .map(|r| r.modes.clone())
         .unwrap_or_default();
     println!(
         "{} steps in {:.1} s ({:.1} steps/s); modes: {} captured, {} replayed, {} eager",
-        run.losses.len(),
-        run.seconds,
-        run.steps_per_second(),
+        graphed.losses.len(),
+        graphed.seconds,
+        graphed.steps_per_second(),
         modes.captured,
         modes.replayed,
         modes.eager,
     );
-    for (name, comparison) in [
+    let comparisons = [
         ("eager", &summary.eager_comparison),
         ("stock", &summary.stock_comparison),
-    ] {
+    ];
+    for (name, comparison) in comparisons {
         if let Some(c) = comparison {
             println!(
                 "{name}: {:.1} steps/s (graphed is {:.2}x); largest loss difference {:e} \

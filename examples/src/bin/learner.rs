@@ -54,6 +54,10 @@ fn describe<B: burn::prelude::Backend>(name: &str, run: &LearnerRun<B>) {
 
 fn main() -> anyhow::Result<()> {
     let options = Options::parse();
+    anyhow::ensure!(
+        !options.fused,
+        "--fused: lstm-learner trains nn::Lstm only, for now"
+    );
     let series = Arc::new(Sunspots::load()?);
     let device = Default::default();
     std::fs::create_dir_all(&options.out)?;
