@@ -428,13 +428,15 @@ examples_stage() {
     done
     (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --compare --stock \
         --out "$out/examples/lstm" >"$out/examples/lstm.log" 2>&1; echo "lstm rc=$?" >>"$out/examples/rc.txt")
+    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --fused --compare --stock \
+        --out "$out/examples/lstm-fused" >"$out/examples/lstm-fused.log" 2>&1; echo "lstm --fused rc=$?" >>"$out/examples/rc.txt")
     (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm-learner" --epochs "$epochs" --compare --stock \
         --out "$out/examples/learner" >"$out/examples/learner.log" 2>&1; echo "lstm-learner rc=$?" >>"$out/examples/rc.txt")
     (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/charlm" \
         --out "$out/examples/charlm" >"$out/examples/charlm.log" 2>&1; echo "charlm rc=$?" >>"$out/examples/rc.txt")
     echo "== examples: summary"
     cat "$out/examples/rc.txt"
-    for log in lstm learner charlm; do
+    for log in lstm lstm-fused learner charlm; do
         echo "-- $log"
         grep -E "RMSE|bits per|steps|eager|stock|bit-identical|captured|error|panicked" "$out/examples/$log.log" | tail -12
     done

@@ -14,6 +14,9 @@ pub mod learner {}
 #[doc = include_str!("../../book/src/optimizers.md")]
 pub mod optimizers {}
 
+#[doc = include_str!("../../book/src/fused-lstm.md")]
+pub mod fused_lstm {}
+
 #[doc = include_str!("../../book/src/report.md")]
 pub mod report {}
 
