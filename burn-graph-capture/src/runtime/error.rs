@@ -36,7 +36,8 @@ pub enum InitError {
         /// The driver function.
         call: &'static str,
         /// The driver's error.
-        error: String,
+        #[source]
+        error: DriverError,
     },
     /// The requested device index does not exist.
     #[error(
@@ -52,10 +53,7 @@ pub enum InitError {
 
 impl InitError {
     pub(crate) fn driver(call: &'static str, error: DriverError) -> Self {
-        Self::Driver {
-            call,
-            error: format!("{error:?}"),
-        }
+        Self::Driver { call, error }
     }
 }
 
@@ -136,7 +134,8 @@ pub enum CaptureError {
         /// The driver function.
         call: &'static str,
         /// The driver's error.
-        error: String,
+        #[source]
+        error: DriverError,
     },
     /// The graph id is not (or no longer) known to the server.
     #[error("unknown graph {0}")]
@@ -148,9 +147,29 @@ pub enum CaptureError {
 
 impl CaptureError {
     pub(crate) fn driver(call: &'static str, error: DriverError) -> Self {
-        Self::Driver {
-            call,
-            error: format!("{error:?}"),
-        }
+        Self::Driver { call, error }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+    use std::error::Error;
+
+    // Formatting a `DriverError` asks the driver for its text, so these tests compare the
+    // typed source instead (they run without a GPU or a driver).
+    #[test]
+    fn driver_errors_keep_the_driver_error_as_their_source() {
+        let driver = DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        let capture = CaptureError::driver("cuGraphLaunch", driver);
+        let source = capture
+            .source()
+            .and_then(|s| s.downcast_ref::<DriverError>());
+        assert_eq!(source, Some(&driver));
+        let init = InitError::driver("cuInit", driver);
+        let source = init.source().and_then(|s| s.downcast_ref::<DriverError>());
+        assert_eq!(source, Some(&driver));
+        assert!(matches!(init, InitError::Driver { call: "cuInit", .. }));
     }
 }
