@@ -113,7 +113,7 @@ cubecl_save() {
 }
 
 # Issue 5's speed stages, in one run so that every ratio comes from one machine and hour.
-#   SPEED_SIZES    all (default) or b/t/h,b/t/h     SPEED_STACKS  fused,stock,cube (default)
+#   SPEED_SIZES    all (default) or b/t/h,b/t/h     SPEED_STACKS  fused,stock,cube,fused-lstm (default)
 #   SPEED_TIMEOUT  seconds per size (default 540); each size runs in a process of its own
 #   NCU_TARGETS    fused (default); also stock, cube (the eager step after warmup), and
 #                  fused-replay, cube-replay (one graph replay; ncu profiles graph kernel
@@ -150,7 +150,7 @@ speed_stages() {
         status[speed]=0
         for size in ${sizes//,/ }; do
             (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" \
-                "$size" "${SPEED_STACKS:-fused,stock,cube}") 2>&1 | tee -a "$out/speed.log"
+                "$size" "${SPEED_STACKS:-fused,stock,cube,fused-lstm}") 2>&1 | tee -a "$out/speed.log"
             rc=${PIPESTATUS[0]}
             ((rc)) && status[speed]=$rc
         done

@@ -5,7 +5,7 @@ Usage: speed_summary.py SPEED_LOG NCU_LOG TORCH_LOG   (missing files are skipped
 
 Reads the JSON lines of gpu_graph_speed ({"bench": "speed"}), ncu_sum.py
 ({"bench": "ncu"}) and bench/anchors/torch_anchor.py, and prints markdown: an ncu table,
-then the summary table (last). Standard library only (the GPU machine has no Rust).
+then the summary table and, when measured, the FusedLstm table. Standard library only (the GPU machine has no Rust).
 """
 import json
 import sys
@@ -121,6 +121,37 @@ def main():
             str(g.get("graph_launches", "–")),
             fmt(torch.get((size, "unrolled", True))),
             fmt(torch.get((size, "cudnn", True))),
+        ]
+        print("| " + " | ".join(cells) + " |")
+    fused_lstm_table(sizes, speed, ncu, torch)
+
+
+def fused_lstm_table(sizes, speed, ncu, torch):
+    """FusedLstm (the batched LSTM) against nn::Lstm and PyTorch, same run (issue 12)."""
+    if not any((size, "fused-lstm", "graphed") in speed for size in sizes):
+        return
+    print()
+    print("FusedLstm (`fused-lstm`): the same model and weights with the batched LSTM, on the "
+          "fused stack. Ratios to PyTorch's cuDNN whole-step graph (lower is better).")
+    print()
+    print("| b/t/h | FusedLstm graphed ms | FusedLstm eager ms | nn::Lstm graphed ms | nn::Lstm / FusedLstm "
+          "| kernels/step | torch cuDNN graph ms | FusedLstm / cuDNN |")
+    print("|" + "---|" * 8)
+    for size in sizes:
+        f = speed.get((size, "fused-lstm", "graphed"), {})
+        fe = speed.get((size, "fused-lstm", "eager"), {})
+        n = speed.get((size, "fused", "graphed"), {})
+        k = ncu.get(("fused-lstm-replay", size)) or ncu.get(("fused-lstm", size)) or {}
+        cudnn = torch.get((size, "cudnn", True))
+        cells = [
+            size,
+            fmt(f.get("pipelined_ms")),
+            fmt(fe.get("pipelined_ms")),
+            fmt(n.get("pipelined_ms")),
+            fmt(ratio(n.get("pipelined_ms"), f.get("pipelined_ms")), 2, "x"),
+            str(k["kernels"]) if k else "–",
+            fmt(cudnn),
+            fmt(ratio(f.get("pipelined_ms"), cudnn), 2, "x"),
         ]
         print("| " + " | ".join(cells) + " |")
 

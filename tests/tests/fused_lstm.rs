@@ -1,9 +1,12 @@
 //! `FusedLstm` against Burn's `nn::Lstm` on the CPU: same weights, same function, same
 //! gradients (1e-5 relative), conversions both ways, typed refusals, fewer ops per step.
 
+#[path = "common/fused_lstm_parity.rs"]
+mod parity;
+
 use burn::backend::{Autodiff, Flex};
-use burn::module::{AutodiffModule, Param};
-use burn::nn::{Lstm, LstmConfig, LstmState};
+use burn::module::AutodiffModule;
+use burn::nn::{Lstm, LstmConfig};
 use burn::tensor::{Distribution, Tensor, backend::Backend};
 use burn_graph_capture::nn::{FusedLstm, FusedLstmConfig, LstmConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
@@ -11,157 +14,7 @@ use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 
 type A = Autodiff<Flex>;
 
-/// Shapes of one case: batch, time, input, hidden, bias, layers.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    batch: usize,
-    time: usize,
-    input: usize,
-    hidden: usize,
-    bias: bool,
-    layers: usize,
-}
-
-/// `nn::Lstm` layers with materialized weights (loaded from a record: Burn initializes
-/// lazily, and a fused copy must see the same values).
-fn reference_layers(case: Case) -> Vec<Lstm<A>> {
-    (0..case.layers)
-        .map(|layer| {
-            let d_input = if layer == 0 { case.input } else { case.hidden };
-            let config = LstmConfig::new(d_input, case.hidden, case.bias);
-            let bytes = to_bytes(config.init::<Flex>(&Default::default()));
-            load_bytes(
-                config.init::<A>(&Default::default()),
-                bytes,
-                &Default::default(),
-            )
-        })
-        .collect()
-}
-
-fn random<const D: usize>(shape: [usize; D]) -> Tensor<A, D> {
-    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default()).require_grad()
-}
-
-fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
-    tensor.into_data().convert::<f32>().to_vec().unwrap()
-}
-
-/// `|a - b| <= 1e-5 * max(|a|, |b|)`, with an absolute floor for values near zero.
-fn assert_close(what: &str, a: &[f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (index, (x, y)) in a.iter().zip(b).enumerate() {
-        let tolerance = 1e-5 * x.abs().max(y.abs()) + 1e-6;
-        assert!((x - y).abs() <= tolerance, "{what}[{index}]: {x} vs {y}");
-    }
-}
-
-/// Output, final states and every gradient of both modules on one random problem.
-fn compare(case: Case) {
-    let reference = reference_layers(case);
-    let fused = FusedLstm::from_lstms(&reference).unwrap();
-    let x = random([case.batch, case.time, case.input]);
-    let h0 = random([case.layers, case.batch, case.hidden]);
-    let c0 = random([case.layers, case.batch, case.hidden]);
-    let weights = (
-        random([case.batch, case.time, case.hidden]).detach(),
-        random([case.layers, case.batch, case.hidden]).detach(),
-        random([case.layers, case.batch, case.hidden]).detach(),
-    );
-    // A loss that reads the sequence and both final states.
-    let loss = |out: Tensor<A, 3>, state: LstmState<A, 3>| {
-        (out * weights.0.clone()).sum()
-            + (state.hidden * weights.1.clone()).sum()
-            + (state.cell * weights.2.clone()).sum()
-    };
-
-    // nn::Lstm, layer by layer.
-    let mut input = x.clone();
-    let (mut hiddens, mut cells) = (Vec::new(), Vec::new());
-    for (index, layer) in reference.iter().enumerate() {
-        let slice = |t: &Tensor<A, 3>| t.clone().narrow(0, index, 1).squeeze_dim(0);
-        let (out, state) = layer.forward(input, Some(LstmState::new(slice(&c0), slice(&h0))));
-        hiddens.push(state.hidden);
-        cells.push(state.cell);
-        input = out;
-    }
-    let expected_state = LstmState::new(Tensor::stack(cells, 0), Tensor::stack(hiddens, 0));
-    let expected_out = input;
-    let (out, state) = fused.forward(x.clone(), Some(LstmState::new(c0.clone(), h0.clone())));
-
-    assert_close(
-        "output",
-        &values(out.clone()),
-        &values(expected_out.clone()),
-    );
-    assert_close(
-        "final hidden",
-        &values(state.hidden.clone()),
-        &values(expected_state.hidden.clone()),
-    );
-    assert_close(
-        "final cell",
-        &values(state.cell.clone()),
-        &values(expected_state.cell.clone()),
-    );
-
-    let expected_grads = loss(expected_out, expected_state).backward();
-    let grads = loss(out, state).backward();
-    for (name, input) in [("x", &x), ("h0", &h0), ("c0", &c0)] {
-        let expected = values(input.grad(&expected_grads).unwrap());
-        assert_close(name, &values(input.grad(&grads).unwrap()), &expected);
-    }
-    // Parameter gradients, packed as the fused layer packs them.
-    for (index, (layer, reference)) in fused.layers.iter().zip(&reference).enumerate() {
-        let gates = [
-            &reference.input_gate,
-            &reference.forget_gate,
-            &reference.cell_gate,
-            &reference.output_gate,
-        ];
-        let packed_weight = |pick: fn(&burn::nn::GateController<A>) -> &Param<Tensor<A, 2>>| {
-            let parts = gates
-                .iter()
-                .map(|g| pick(g).grad(&expected_grads).unwrap())
-                .collect();
-            values(Tensor::<Flex, 2>::cat(parts, 1))
-        };
-        let input_weight = packed_weight(|g| &g.input_transform.weight);
-        let hidden_weight = packed_weight(|g| &g.hidden_transform.weight);
-        assert_close(
-            &format!("layer {index} input weight"),
-            &values(layer.input_weight.grad(&grads).unwrap()),
-            &input_weight,
-        );
-        assert_close(
-            &format!("layer {index} hidden weight"),
-            &values(layer.hidden_weight.grad(&grads).unwrap()),
-            &hidden_weight,
-        );
-        if case.bias {
-            for (bias, pick) in [
-                (
-                    &layer.input_bias,
-                    (|g: &burn::nn::GateController<A>| g.input_transform.bias.clone())
-                        as fn(&_) -> _,
-                ),
-                (&layer.hidden_bias, |g: &burn::nn::GateController<A>| {
-                    g.hidden_transform.bias.clone()
-                }),
-            ] {
-                let parts = gates
-                    .iter()
-                    .map(|g| pick(g).unwrap().grad(&expected_grads).unwrap())
-                    .collect();
-                let expected = values(Tensor::<Flex, 1>::cat(parts, 0));
-                let got = values(bias.as_ref().unwrap().grad(&grads).unwrap());
-                assert_close(&format!("layer {index} bias"), &got, &expected);
-            }
-        } else {
-            assert!(layer.input_bias.is_none() && layer.hidden_bias.is_none());
-        }
-    }
-}
+use parity::{Case, compare, reference_layers, values};
 
 const BASE: Case = Case {
     batch: 3,
@@ -174,17 +27,17 @@ const BASE: Case = Case {
 
 #[test]
 fn matches_nn_lstm_outputs_states_and_gradients() {
-    compare(BASE);
+    compare::<A>(BASE);
 }
 
 #[test]
 fn matches_with_a_single_time_step() {
-    compare(Case { time: 1, ..BASE });
+    compare::<A>(Case { time: 1, ..BASE });
 }
 
 #[test]
 fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
-    compare(Case {
+    compare::<A>(Case {
         hidden: 33,
         time: 3,
         ..BASE
@@ -193,7 +46,7 @@ fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
 
 #[test]
 fn matches_without_bias() {
-    compare(Case {
+    compare::<A>(Case {
         bias: false,
         ..BASE
     });
@@ -201,7 +54,7 @@ fn matches_without_bias() {
 
 #[test]
 fn matches_two_stacked_layers() {
-    compare(Case { layers: 2, ..BASE });
+    compare::<A>(Case { layers: 2, ..BASE });
 }
 
 #[test]
@@ -219,7 +72,7 @@ fn time_major_layout_is_the_transpose() {
 
 #[test]
 fn converts_to_nn_lstm_and_back_exactly() {
-    let reference = reference_layers(Case { layers: 2, ..BASE });
+    let reference = reference_layers::<A>(Case { layers: 2, ..BASE });
     let fused = FusedLstm::from_lstms(&reference).unwrap();
     let back = fused.to_lstms();
     assert_eq!(back.len(), 2);

@@ -3,16 +3,19 @@
 //! - `fused`: `CudaFused` (this crate's runtime with Burn's fusion), graphed through
 //!   `GraphTrainer` and eager with the same capturable Adam;
 //! - `stock`: `Autodiff<burn_cuda::Cuda>` with Burn's own Adam, eager;
-//! - `cube`: `CudaCube` (no fusion), graphed.
+//! - `cube`: `CudaCube` (no fusion), graphed;
+//! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
+//!   graphed and eager.
 //!
 //! Built by `scripts/gpu-check.sh pack`; run by its `speed` and `ncu` stages.
 //! - `gpu_graph_speed [SIZES] [STACKS]`: SIZES is `all` (default) or `b/t/h,b/t/h`;
 //!   STACKS a comma list of the stacks above (default all). Prints one JSON line per
 //!   measurement as soon as it is taken (`{"bench":"speed",..}`), then a table.
 //! - `gpu_graph_speed profile TARGET b/t/h`: runs one step between `cuProfilerStart` and
-//!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock` or `cube`
-//!   profiles the eager step after the trainer's warmup count of eager steps (the step a
-//!   graph captures); `fused-replay` or `cube-replay` profiles one replay of the graph.
+//!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock`, `cube`
+//!   or `fused-lstm` profiles the eager step after the trainer's warmup count of eager
+//!   steps (the step a graph captures); `fused-replay`, `cube-replay` or
+//!   `fused-lstm-replay` profiles one replay of the graph.
 
 mod memory;
 mod ours;
@@ -23,6 +26,8 @@ mod timing;
 
 use burn_graph_capture::runtime::CudaGraphDevice;
 use burn_graph_capture::{CudaCube, CudaFused};
+use lstm_example::LstmRegressor;
+use lstm_example::model::FusedLstmRegressor;
 use serde_json::{Value, json};
 
 use setup::{Size, Workload, parse_sizes};
@@ -65,6 +70,11 @@ fn graphed_json(run: &ours::Graphed) -> Value {
     })
 }
 
+/// The stock `nn::Lstm` model on stack `G`.
+type Nn<G> = LstmRegressor<burn_graph_capture::TrainBackend<G>>;
+/// The same weights with `FusedLstm`.
+type Batched<G> = FusedLstmRegressor<burn_graph_capture::TrainBackend<G>>;
+
 /// One row of the closing table.
 struct Row {
     size: Size,
@@ -80,7 +90,7 @@ fn speed(sizes: &[Size], stacks: &[String]) {
     for &size in sizes {
         let work = Workload::new(size);
         if wants("fused") {
-            let run = ours::graphed::<CudaFused>(&work, &device);
+            let run = ours::graphed::<CudaFused, Nn<CudaFused>>(&work, &device);
             emit(size, "fused", "graphed", &run.timing, graphed_json(&run));
             rows.push(Row {
                 size,
@@ -88,7 +98,7 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 mode: "graphed",
                 timing: run.timing,
             });
-            let (timing, pools) = ours::eager::<CudaFused>(&work, &device);
+            let (timing, pools) = ours::eager::<CudaFused, Nn<CudaFused>>(&work, &device);
             let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
             emit(size, "fused", "eager", &timing, extra);
             rows.push(Row {
@@ -98,8 +108,33 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 timing,
             });
         }
+        if wants("fused-lstm") {
+            let run = ours::graphed::<CudaFused, Batched<CudaFused>>(&work, &device);
+            emit(
+                size,
+                "fused-lstm",
+                "graphed",
+                &run.timing,
+                graphed_json(&run),
+            );
+            rows.push(Row {
+                size,
+                stack: "fused-lstm",
+                mode: "graphed",
+                timing: run.timing,
+            });
+            let (timing, pools) = ours::eager::<CudaFused, Batched<CudaFused>>(&work, &device);
+            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+            emit(size, "fused-lstm", "eager", &timing, extra);
+            rows.push(Row {
+                size,
+                stack: "fused-lstm",
+                mode: "eager",
+                timing,
+            });
+        }
         if wants("cube") {
-            let run = ours::graphed::<CudaCube>(&work, &device);
+            let run = ours::graphed::<CudaCube, Nn<CudaCube>>(&work, &device);
             emit(size, "cube", "graphed", &run.timing, graphed_json(&run));
             rows.push(Row {
                 size,
@@ -142,10 +177,14 @@ fn profile(target: &str, size: Size) {
     let device = CudaGraphDevice::new(0);
     let work = Workload::new(size);
     let wall_ms = match target {
-        "fused" => ours::profile_eager::<CudaFused>(&work, &device),
-        "fused-replay" => ours::profile_replay::<CudaFused>(&work, &device),
-        "cube" => ours::profile_eager::<CudaCube>(&work, &device),
-        "cube-replay" => ours::profile_replay::<CudaCube>(&work, &device),
+        "fused" => ours::profile_eager::<CudaFused, Nn<CudaFused>>(&work, &device),
+        "fused-replay" => ours::profile_replay::<CudaFused, Nn<CudaFused>>(&work, &device),
+        "cube" => ours::profile_eager::<CudaCube, Nn<CudaCube>>(&work, &device),
+        "cube-replay" => ours::profile_replay::<CudaCube, Nn<CudaCube>>(&work, &device),
+        "fused-lstm" => ours::profile_eager::<CudaFused, Batched<CudaFused>>(&work, &device),
+        "fused-lstm-replay" => {
+            ours::profile_replay::<CudaFused, Batched<CudaFused>>(&work, &device)
+        }
         "stock" => stock::profile(&work),
         other => panic!("unknown profile target {other:?}"),
     };
@@ -162,7 +201,10 @@ fn main() {
         ["profile", target, size] => profile(target, size.parse().expect("size")),
         _ => {
             let sizes = parse_sizes(args.first().copied().unwrap_or("all")).expect("sizes");
-            let stacks = args.get(1).copied().unwrap_or("fused,stock,cube");
+            let stacks = args
+                .get(1)
+                .copied()
+                .unwrap_or("fused,stock,cube,fused-lstm");
             let stacks: Vec<String> = stacks.split(',').map(str::to_string).collect();
             speed(&sizes, &stacks);
         }

@@ -1,6 +1,8 @@
 //! This crate's step on its own runtime, graphed through `GraphTrainer` and eager with
-//! the same capturable Adam, generic over the stack (`CudaFused` or `CudaCube`).
+//! the same capturable Adam, generic over the stack (`CudaFused` or `CudaCube`) and the
+//! model (`nn::Lstm` or `FusedLstm`).
 
+use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
@@ -8,20 +10,23 @@ use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
 use burn_graph_capture::{
     GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
 };
-use lstm_example::{Batch, LstmRegressor};
+use lstm_example::Batch;
 
 use crate::memory::{self, PoolDelta};
-use crate::setup::{WARMUP, Workload, loss};
+use crate::setup::{BenchModel, WARMUP, Workload, loss};
 use crate::timing::{self, Timing};
 
 /// A stack of this crate's runtime that `GraphTrainer` can capture.
 pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
 impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
 
-type Model<G> = LstmRegressor<TrainBackend<G>>;
+/// A model the bench trains on stack `G`.
+pub trait Model<G: Stack>: BenchModel<TrainBackend<G>> + AutodiffModule<TrainBackend<G>> {}
+impl<G: Stack, M: BenchModel<TrainBackend<G>> + AutodiffModule<TrainBackend<G>>> Model<G> for M {}
+
 type Input<G> = Batch<TrainBackend<G>>;
-type LossFn<G> = fn(&Model<G>, &Input<G>) -> Tensor<TrainBackend<G>, 1>;
-type Trainer<G> = GraphTrainer<G, Model<G>, CapturableAdam<TrainBackend<G>>, Input<G>, LossFn<G>>;
+type LossFn<G, M> = fn(&M, &Input<G>) -> Tensor<TrainBackend<G>, 1>;
+type Trainer<G, M> = GraphTrainer<G, M, CapturableAdam<TrainBackend<G>>, Input<G>, LossFn<G, M>>;
 
 fn adam<G: Stack>(device: &CudaGraphDevice) -> CapturableAdam<TrainBackend<G>> {
     CapturableAdamConfig::new().init::<TrainBackend<G>>(device)
@@ -45,14 +50,15 @@ pub struct Graphed {
 
 /// The trainer of `work` on `G`, warmed up and captured: `WARMUP` eager steps, one
 /// captured step.
-fn captured_trainer<G: Stack>(
+fn captured_trainer<G: Stack, M: Model<G>>(
     work: &Workload,
     batches: &[Input<G>],
     device: &CudaGraphDevice,
-) -> Trainer<G> {
+) -> Trainer<G, M> {
     let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
-    let step: LossFn<G> = loss;
-    let mut trainer = GraphTrainer::new(work.model(device), adam::<G>(device), step, config);
+    let step: LossFn<G, M> = loss;
+    let model = M::build(work, device);
+    let mut trainer = GraphTrainer::new(model, adam::<G>(device), step, config);
     for batch in batches.iter().cycle().take(WARMUP + 1) {
         read::<G>(trainer.step(batch.clone()).expect("step").output);
     }
@@ -60,9 +66,9 @@ fn captured_trainer<G: Stack>(
 }
 
 /// Times replays of `work`'s step on `G` (the trainer is dropped at the end).
-pub fn graphed<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
+pub fn graphed<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G>(work, &batches, device);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device);
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
     let timing = timing::time(
@@ -92,9 +98,9 @@ pub fn graphed<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
 
 /// Profiles one replay: the graph's own kernels (ncu profiles graph kernel nodes one by
 /// one by default).
-pub fn profile_replay<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> f64 {
+pub fn profile_replay<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> f64 {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G>(work, &batches, device);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device);
     let batch = batches[0].clone();
     crate::profile::range(
         || TrainBackend::<G>::sync(device).expect("sync"),
@@ -110,20 +116,20 @@ pub fn profile_replay<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> f6
 }
 
 /// An eager loop of `work`'s step on `G` with the capturable Adam, outside any trainer.
-struct Eager<G: Stack> {
-    model: Option<Model<G>>,
+struct Eager<G: Stack, M> {
+    model: Option<M>,
     optimizer: CapturableAdam<TrainBackend<G>>,
     batches: Vec<Batch<TrainBackend<G>>>,
     next: usize,
 }
 
-impl<G: Stack> Eager<G> {
+impl<G: Stack, M: Model<G>> Eager<G, M> {
     fn new(
         work: &Workload,
         batches: Vec<Batch<TrainBackend<G>>>,
         device: &CudaGraphDevice,
     ) -> Self {
-        let model = work.model(device);
+        let model = M::build(work, device);
         let mut optimizer = adam::<G>(device);
         optimizer.init_state(&model);
         Self {
@@ -154,11 +160,14 @@ impl<G: Stack> Eager<G> {
 /// Times eager steps of `work` on `G`, and the pools' growth from before the model exists
 /// to after the steps (run it after the graphed run, so that warmup's autotuning is not
 /// counted as step memory; the batches exist before, as the graphed run's do).
-pub fn eager<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> (Timing, PoolDelta) {
+pub fn eager<G: Stack, M: Model<G>>(
+    work: &Workload,
+    device: &CudaGraphDevice,
+) -> (Timing, PoolDelta) {
     let batches = work.batches(device);
     let sync = || TrainBackend::<G>::sync(device).expect("sync");
     let before = memory::ours_after_cleanup::<G>(sync, device);
-    let mut run = Eager::<G>::new(work, batches, device);
+    let mut run = Eager::<G, M>::new(work, batches, device);
     run.warm_up();
     let timing = timing::time(timing::EAGER, || run.step(), read::<G>);
     sync();
@@ -167,8 +176,8 @@ pub fn eager<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> (Timing, Po
 }
 
 /// Profiles the eager step after `WARMUP` eager steps: the step a graph captures.
-pub fn profile_eager<G: Stack>(work: &Workload, device: &CudaGraphDevice) -> f64 {
-    let mut run = Eager::<G>::new(work, work.batches(device), device);
+pub fn profile_eager<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> f64 {
+    let mut run = Eager::<G, M>::new(work, work.batches(device), device);
     run.warm_up();
     let sync = || TrainBackend::<G>::sync(device).expect("sync");
     let mut loss = None;

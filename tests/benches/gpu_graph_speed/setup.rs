@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use burn::backend::Flex;
 use burn::prelude::*;
+use burn_graph_capture::nn::LstmBackend;
+use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
@@ -106,7 +108,26 @@ impl Workload {
     }
 }
 
-/// The step's loss: MSE of the stock `nn::Lstm` + `Linear` model.
-pub fn loss<B: Backend>(model: &LstmRegressor<B>, batch: &Batch<B>) -> Tensor<B, 1> {
-    model.loss(batch.x.clone(), batch.y.clone())
+/// The step's loss: MSE of the model's predictions.
+pub fn loss<B: Backend, M: Forecaster<B>>(model: &M, batch: &Batch<B>) -> Tensor<B, 1> {
+    model.mse(batch.x.clone(), batch.y.clone())
+}
+
+/// The model a step trains: the stock `nn::Lstm` + `Linear`, or the same weights with
+/// `FusedLstm`.
+pub trait BenchModel<B: Backend>: Module<B> + Forecaster<B> {
+    /// The model of `work`, on `device`.
+    fn build(work: &Workload, device: &B::Device) -> Self;
+}
+
+impl<B: Backend> BenchModel<B> for LstmRegressor<B> {
+    fn build(work: &Workload, device: &B::Device) -> Self {
+        work.model(device)
+    }
+}
+
+impl<B: LstmBackend> BenchModel<B> for FusedLstmRegressor<B> {
+    fn build(work: &Workload, device: &B::Device) -> Self {
+        work.model(device).to_fused().expect("nn::Lstm converts")
+    }
 }

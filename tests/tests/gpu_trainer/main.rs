@@ -8,7 +8,9 @@
 //!   compute-sanitizer);
 //! - `memory`: device memory in use is flat over 1,000 replays;
 //! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,
-//!   snapshots, BatchNorm and tied weights.
+//!   snapshots, BatchNorm and tied weights;
+//! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
+//!   eager training.
 //!
 //! Every test is generic over the inner backend stack and instantiated per stack, as
 //! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameter_runs_eagerly`).
@@ -41,8 +43,11 @@ macro_rules! stack_tests {
 
 mod common;
 mod correctness;
+mod fused_lstm;
 mod guards;
 mod inputs;
 mod memory;
 #[path = "../common/models.rs"]
 mod models;
+#[path = "../common/fused_lstm_parity.rs"]
+mod parity;
