@@ -14,6 +14,7 @@ pub mod forecast;
 pub mod learner;
 pub mod model;
 pub mod plot;
+pub mod stacks;
 pub mod sunspots;
 pub mod text;
 pub mod token;

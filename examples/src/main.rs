@@ -16,20 +16,8 @@ use clap::Parser;
 use lstm_example::forecast::{self, Comparison, Options, Summary};
 use lstm_example::model::Forecaster;
 use lstm_example::plot::{self, Curve};
+use lstm_example::stacks::{Inner, Stock};
 use lstm_example::sunspots::Sunspots;
-
-/// The inner backend: the CPU by default, `Fusion<CubeBackend<CudaGraphRuntime>>` with
-/// `--features cuda`.
-#[cfg(not(feature = "cuda"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "cuda")]
-type Inner = burn_graph_capture::CudaFused;
-
-/// Stock Burn for `--stock`: burn-cuda on the GPU, Flex on the CPU, with autodiff.
-#[cfg(not(feature = "cuda"))]
-type Stock = burn::backend::Autodiff<burn::backend::Flex>;
-#[cfg(feature = "cuda")]
-type Stock = burn::backend::Autodiff<burn::backend::Cuda>;
 
 fn main() -> anyhow::Result<()> {
     let options = Options::parse();

@@ -14,16 +14,7 @@ use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 
 type A = Autodiff<Flex>;
 
-use parity::{Case, compare, reference_layers, values};
-
-const BASE: Case = Case {
-    batch: 3,
-    time: 6,
-    input: 4,
-    hidden: 8,
-    bias: true,
-    layers: 1,
-};
+use parity::{BASE, Case, compare, reference_layers, values};
 
 #[test]
 fn matches_nn_lstm_outputs_states_and_gradients() {

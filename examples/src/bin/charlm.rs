@@ -15,14 +15,11 @@ use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, TrainBackend};
 use clap::Parser;
 use indicatif::ProgressBar;
+use lstm_example::stacks::Inner;
 use lstm_example::text::{Corpus, sampler};
 use lstm_example::train::{load_bytes, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch};
 
-#[cfg(not(feature = "cuda"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "cuda")]
-type Inner = burn_graph_capture::CudaFused;
 type B = TrainBackend<Inner>;
 
 /// Command-line options.

@@ -14,19 +14,9 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use clap::Parser;
 use lstm_example::forecast::{self, Options};
 use lstm_example::learner::{LearnerRun, train_with_learner, train_with_stock_learner};
+use lstm_example::stacks::{Inner, Stock};
 use lstm_example::sunspots::Sunspots;
 use lstm_example::train::parameter_values;
-
-#[cfg(not(feature = "cuda"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "cuda")]
-type Inner = burn_graph_capture::CudaFused;
-
-/// Stock Burn for `--stock`: burn-cuda on the GPU, Flex on the CPU, with autodiff.
-#[cfg(not(feature = "cuda"))]
-type Stock = burn::backend::Autodiff<burn::backend::Flex>;
-#[cfg(feature = "cuda")]
-type Stock = burn::backend::Autodiff<burn::backend::Cuda>;
 
 /// Largest absolute and relative differences between two sequences.
 fn differences(a: &[f32], b: &[f32]) -> (f32, f32) {

@@ -160,3 +160,13 @@ pub fn compare<A: AutodiffBackend + LstmBackend>(case: Case) {
         }
     }
 }
+
+/// The base case; the others change one thing each.
+pub const BASE: Case = Case {
+    batch: 3,
+    time: 6,
+    input: 4,
+    hidden: 8,
+    bias: true,
+    layers: 1,
+};

@@ -15,16 +15,7 @@ use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 
 use crate::common::{MEDIUM, Stack, WARMUP, device, model, model_bytes, run_length};
-use crate::parity::{Case, compare};
-
-const BASE: Case = Case {
-    batch: 3,
-    time: 6,
-    input: 4,
-    hidden: 8,
-    bias: true,
-    layers: 1,
-};
+use crate::parity::{BASE, Case, compare};
 
 fn matches_nn_lstm<G: Stack>() {
     compare::<TrainBackend<G>>(BASE);
