@@ -25,7 +25,8 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, ElementConversion};
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{
-    FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode, TrainBackend,
+    FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepInput, StepMode,
+    TrainBackend,
 };
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
@@ -34,9 +35,8 @@ use models::{BnMlp, GruRegressor, Regression};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-type T = TrainBackend<Flex>;
+type T<G> = TrainBackend<G>;
 type Bits = Vec<Vec<u32>>;
-type Dev = burn::tensor::Device<T>;
 
 /// Seeds that once failed; they run on every test run. 3, 111 and 147 found the
 /// reference loop's own gaps (running statistics read unflushed; the second trainer's
@@ -129,120 +129,131 @@ impl Program {
 }
 
 /// A model family the fuzzer trains: its model, batches and loss.
-trait Subject: Copy {
-    type Model: AutodiffModule<T> + Clone;
-    type Batch: StepInput<T> + Clone;
+trait Subject<G: GraphBackend>: Copy {
+    type Model: AutodiffModule<T<G>> + Clone;
+    type Batch: StepInput<T<G>> + Clone;
 
-    fn model(self, device: &Dev) -> Self::Model;
+    fn model(self, device: &G::Device) -> Self::Model;
     fn batch(self, step: usize, batch: usize, time: usize) -> Self::Batch;
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1>;
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1>;
 }
 
 /// Builds a model on Flex, then loads it on `T` from its bytes: every run starts from
 /// the same values.
-fn copy_of<M: Module<T>>(make: impl Fn() -> M, reference: &[u8]) -> M {
-    load_bytes(make(), reference.to_vec(), &Default::default())
+fn copy_of<G: GraphBackend, M: Module<T<G>>>(
+    make: impl Fn() -> M,
+    reference: &[u8],
+    device: &G::Device,
+) -> M {
+    load_bytes(make(), reference.to_vec(), device)
+}
+
+fn cpu() -> burn::tensor::Device<Flex> {
+    Default::default()
 }
 
 #[derive(Clone, Copy)]
 struct LstmSubject;
-impl Subject for LstmSubject {
-    type Model = LstmRegressor<T>;
-    type Batch = lstm_example::Batch<T>;
-    fn model(self, device: &Dev) -> Self::Model {
+impl<G: GraphBackend> Subject<G> for LstmSubject {
+    type Model = LstmRegressor<T<G>>;
+    type Batch = lstm_example::Batch<T<G>>;
+    fn model(self, device: &G::Device) -> Self::Model {
         let config = LstmRegressorConfig::new(4).with_d_input(3);
-        let bytes = to_bytes(config.init::<Flex>(device));
-        copy_of(|| config.init::<T>(device), &bytes)
+        let bytes = to_bytes(config.init::<Flex>(&cpu()));
+        copy_of::<G, _>(|| config.init::<T<G>>(device), &bytes, device)
     }
     fn batch(self, step: usize, batch: usize, time: usize) -> Self::Batch {
         lstm_example::SineTask::new(step as u64, 3).next_batch(batch, time, &Default::default())
     }
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1> {
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1> {
         model.loss(batch.x.clone(), batch.y.clone())
     }
 }
 
 #[derive(Clone, Copy)]
 struct FusedSubject;
-impl Subject for FusedSubject {
-    type Model = FusedLstmRegressor<T>;
-    type Batch = lstm_example::Batch<T>;
-    fn model(self, device: &Dev) -> Self::Model {
-        LstmSubject.model(device).to_fused().expect("converts")
+impl<G: GraphBackend> Subject<G> for FusedSubject {
+    type Model = FusedLstmRegressor<T<G>>;
+    type Batch = lstm_example::Batch<T<G>>;
+    fn model(self, device: &G::Device) -> Self::Model {
+        Subject::<G>::model(LstmSubject, device)
+            .to_fused()
+            .expect("converts")
     }
     fn batch(self, step: usize, batch: usize, time: usize) -> Self::Batch {
-        LstmSubject.batch(step, batch, time)
+        Subject::<G>::batch(LstmSubject, step, batch, time)
     }
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1> {
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1> {
         model.mse(batch.x.clone(), batch.y.clone())
     }
 }
 
 #[derive(Clone, Copy)]
 struct GruSubject;
-impl Subject for GruSubject {
-    type Model = GruRegressor<T>;
-    type Batch = Regression<T>;
-    fn model(self, device: &Dev) -> Self::Model {
-        let bytes = to_bytes(GruRegressor::<Flex>::new(4, device));
-        copy_of(|| GruRegressor::new(4, device), &bytes)
+impl<G: GraphBackend> Subject<G> for GruSubject {
+    type Model = GruRegressor<T<G>>;
+    type Batch = Regression<T<G>>;
+    fn model(self, device: &G::Device) -> Self::Model {
+        let bytes = to_bytes(GruRegressor::<Flex>::new(4, &cpu()));
+        copy_of::<G, _>(|| GruRegressor::new(4, device), &bytes, device)
     }
     fn batch(self, step: usize, batch: usize, _time: usize) -> Self::Batch {
         Regression::new(step, batch, &Default::default())
     }
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1> {
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1> {
         model.loss(batch)
     }
 }
 
 #[derive(Clone, Copy)]
 struct MlpSubject;
-impl Subject for MlpSubject {
-    type Model = BnMlp<T>;
-    type Batch = Regression<T>;
-    fn model(self, device: &Dev) -> Self::Model {
-        let bytes = to_bytes(BnMlp::<Flex>::new(6, device));
-        copy_of(|| BnMlp::new(6, device), &bytes)
+impl<G: GraphBackend> Subject<G> for MlpSubject {
+    type Model = BnMlp<T<G>>;
+    type Batch = Regression<T<G>>;
+    fn model(self, device: &G::Device) -> Self::Model {
+        let bytes = to_bytes(BnMlp::<Flex>::new(6, &cpu()));
+        copy_of::<G, _>(|| BnMlp::new(6, device), &bytes, device)
     }
     fn batch(self, step: usize, batch: usize, _time: usize) -> Self::Batch {
-        GruSubject.batch(step, batch, 0)
+        Subject::<G>::batch(GruSubject, step, batch, 0)
     }
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1> {
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1> {
         model.loss(batch)
     }
 }
 
 #[derive(Clone, Copy)]
 struct TokenSubject;
-impl Subject for TokenSubject {
-    type Model = CharLm<T>;
-    type Batch = TokenBatch<T>;
-    fn model(self, device: &Dev) -> Self::Model {
+impl<G: GraphBackend> Subject<G> for TokenSubject {
+    type Model = CharLm<T<G>>;
+    type Batch = TokenBatch<T<G>>;
+    fn model(self, device: &G::Device) -> Self::Model {
         let config = CharLmConfig::new(8, 6);
-        let bytes = to_bytes(config.init::<Flex>(device));
-        copy_of(|| config.init::<T>(device), &bytes)
+        let bytes = to_bytes(config.init::<Flex>(&cpu()));
+        copy_of::<G, _>(|| config.init::<T<G>>(device), &bytes, device)
     }
     fn batch(self, step: usize, batch: usize, time: usize) -> Self::Batch {
         lstm_example::TokenTask::new(step as u64, 8).next_batch(batch, time, &Default::default())
     }
-    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T, 1> {
+    fn loss(self, model: &Self::Model, batch: &Self::Batch) -> Tensor<T<G>, 1> {
         model.loss(batch.tokens.clone(), batch.targets.clone())
     }
 }
 
 /// The loss the program's step computes: the subject's, plus its flags' extra work.
-fn step_loss<S: Subject>(
+fn step_loss<G: GraphBackend, S: Subject<G>>(
     subject: S,
     flags: Flags,
     model: &S::Model,
     batch: &S::Batch,
-) -> Tensor<T, 1> {
+) -> Tensor<T<G>, 1> {
     let loss = subject.loss(model, batch);
     if flags.host_read {
         let _read: f32 = loss.clone().into_scalar().elem();
     }
     if flags.random {
-        let noise = Tensor::<T, 1>::random([1], Distribution::Uniform(0.0, 1e-3), &loss.device());
+        let noise =
+            Tensor::<T<G>, 1>::random([1], Distribution::Uniform(0.0, 1e-3), &loss.device());
         return loss + noise;
     }
     loss
@@ -259,17 +270,17 @@ struct Trace {
 
 /// The program through `GraphTrainer` (and the second trainer, if any). Also checks
 /// snapshots and reasons; returns the trace or what went wrong.
-fn graphed<S: Subject>(subject: S, program: &Program) -> Result<Trace, String> {
+fn graphed<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<Trace, String> {
     let device = Default::default();
     let flags = program.flags;
     let config = GraphTrainerConfig::new().with_max_graphs(MAX_GRAPHS);
     let adam = || {
         CapturableAdamConfig::new()
             .with_learning_rate(3e-3)
-            .init::<T>(&device)
+            .init::<T<G>>(&device)
     };
-    let closure = move |m: &S::Model, b: &S::Batch| step_loss(subject, flags, m, b);
-    let model = start(subject, program.seed);
+    let closure = move |m: &S::Model, b: &S::Batch| step_loss::<G, S>(subject, flags, m, b);
+    let model = start::<G, S>(subject, program.seed);
     // The structure reloads load into: no random draws after `start`.
     let template = model.clone();
     let mut second = flags
@@ -284,8 +295,13 @@ fn graphed<S: Subject>(subject: S, program: &Program) -> Result<Trace, String> {
                 let outcome = trainer
                     .step(subject.batch(index, batch, time))
                     .map_err(|e| format!("event {index}: step refused: {e}"))?;
-                check_reason(&outcome.mode, flags, second.is_some())
-                    .map_err(|e| format!("event {index}: {e}"))?;
+                check_reason(
+                    &outcome.mode,
+                    flags,
+                    second.is_some(),
+                    G::supports_hardware_graphs(&device),
+                )
+                .map_err(|e| format!("event {index}: {e}"))?;
                 let loss: f32 = outcome.output.into_scalar().elem();
                 trace.losses.push(loss.to_bits());
             }
@@ -303,7 +319,9 @@ fn graphed<S: Subject>(subject: S, program: &Program) -> Result<Trace, String> {
                 let bytes = to_bytes(trainer.model().ok_or("model missing")?.clone());
                 trainer.put_model(load_bytes(template.clone(), bytes, &device));
             }
-            Event::EagerWork(size) => eager_work(trainer.model().ok_or("model missing")?, size),
+            Event::EagerWork(size) => {
+                eager_work::<G, _>(trainer.model().ok_or("model missing")?, size)
+            }
             Event::SecondStep => {
                 if let Some(second) = &mut second {
                     let outcome = second
@@ -342,45 +360,53 @@ fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// The program's initial model, from its seed; then the RNG is seeded again, so both
 /// runs draw the same random numbers in their steps.
-fn start<S: Subject>(subject: S, seed: u64) -> S::Model {
+fn start<G: GraphBackend, S: Subject<G>>(subject: S, seed: u64) -> S::Model {
     let device = Default::default();
-    Flex::seed(&device, seed);
+    T::<G>::seed(&device, seed);
     let model = subject.model(&device);
-    Flex::seed(&device, seed.wrapping_add(1));
+    T::<G>::seed(&device, seed.wrapping_add(1));
     model
 }
 
 /// Reads, evaluation and allocations between steps: they must change nothing.
-fn eager_work<M: AutodiffModule<T>>(model: &M, size: usize) {
+fn eager_work<G: GraphBackend, M: AutodiffModule<T<G>>>(model: &M, size: usize) {
     let device = Default::default();
     let _ = parameter_bits(&model.valid());
     for n in [size, size * 3 + 1, 7] {
-        let t = Tensor::<T, 1, Int>::arange(0..n as i64, &device).float() * 0.5;
+        let t = Tensor::<T<G>, 1, Int>::arange(0..n as i64, &device).float() * 0.5;
         let _: f32 = t.sum().into_scalar().elem();
     }
 }
 
-/// Whether `mode` is what the program calls for on a backend without graphs.
-fn check_reason(mode: &StepMode, flags: Flags, second_alive: bool) -> Result<(), String> {
-    let StepMode::Eager(reason) = mode else {
-        return Err(format!("{mode:?} on a backend without graphs"));
-    };
+/// Whether `mode` is what the program calls for: replays only without breakers or a
+/// live share, and only where the backend has graphs; every eager step for a reason that
+/// fits.
+fn check_reason(
+    mode: &StepMode,
+    flags: Flags,
+    second_alive: bool,
+    hardware: bool,
+) -> Result<(), String> {
     let breakers = flags.host_read || flags.random;
-    let ok = match reason {
-        FallbackReason::SharedWithTrainer(_) => second_alive,
-        _ if second_alive => false,
-        FallbackReason::Warmup | FallbackReason::GraphCacheFull | FallbackReason::ModelReplaced => {
-            true
-        }
-        FallbackReason::NoHardwareGraphs => !breakers,
-        FallbackReason::CaptureBreaker(_) => breakers,
-        _ => false,
+    let ok = match mode {
+        StepMode::Captured | StepMode::Replayed => hardware && !breakers && !second_alive,
+        StepMode::Eager(reason) => match reason {
+            FallbackReason::SharedWithTrainer(_) => second_alive,
+            _ if second_alive => false,
+            FallbackReason::Warmup
+            | FallbackReason::GraphCacheFull
+            | FallbackReason::ModelReplaced => true,
+            FallbackReason::NoHardwareGraphs => !hardware && !breakers,
+            FallbackReason::CaptureBreaker(_) => breakers,
+            _ => false,
+        },
     };
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "unexpected reason {reason} (flags {flags:?}, second alive {second_alive})"
+            "unexpected mode {mode:?} (flags {flags:?}, second alive {second_alive}, \
+             hardware graphs {hardware})"
         ))
     }
 }
@@ -388,13 +414,13 @@ fn check_reason(mode: &StepMode, flags: Flags, second_alive: bool) -> Result<(),
 /// The same program as a plain eager loop with the same optimizer. A second trainer
 /// becomes a second eager model (it draws from the same RNG), with module state of its
 /// own as the trainer gives it.
-fn eager<S: Subject>(subject: S, program: &Program) -> Trace {
+fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace {
     let device = Default::default();
-    let model = start(subject, program.seed);
+    let model = start::<G, S>(subject, program.seed);
     let adam = || {
-        let mut optimizer: CapturableAdam<T> = CapturableAdamConfig::new()
+        let mut optimizer: CapturableAdam<T<G>> = CapturableAdamConfig::new()
             .with_learning_rate(3e-3)
-            .init::<T>(&device);
+            .init::<T<G>>(&device);
         optimizer.init_state(&model);
         optimizer
     };
@@ -405,8 +431,8 @@ fn eager<S: Subject>(subject: S, program: &Program) -> Trace {
         .shared
         .then(|| (S::Model::from_inner(model.valid()), adam()));
     let (mut model, mut optimizer) = (model.clone(), adam());
-    let step = |model: S::Model, optimizer: &mut CapturableAdam<T>, batch: &S::Batch| {
-        let loss = step_loss(subject, program.flags, &model, batch);
+    let step = |model: S::Model, optimizer: &mut CapturableAdam<T<G>>, batch: &S::Batch| {
+        let loss = step_loss::<G, S>(subject, program.flags, &model, batch);
         let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
         let model = optimizer.step(model, grads);
         // Burn keeps a step's running statistics (BatchNorm) aside until they are read;
@@ -440,11 +466,11 @@ fn eager<S: Subject>(subject: S, program: &Program) -> Trace {
 }
 
 /// Runs `program` both ways; `Err` says how they differ.
-fn run(program: &Program) -> Result<(), String> {
+fn run<G: GraphBackend>(program: &Program) -> Result<(), String> {
     let _serial = rng_lock();
-    fn both<S: Subject>(subject: S, program: &Program) -> Result<(), String> {
-        let graphed = graphed(subject, program)?;
-        let eager = eager(subject, program);
+    fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
+        let graphed = graphed::<G, S>(subject, program)?;
+        let eager = eager::<G, S>(subject, program);
         if let Some(step) = graphed
             .losses
             .iter()
@@ -462,11 +488,11 @@ fn run(program: &Program) -> Result<(), String> {
         Ok(())
     }
     let caught = std::panic::catch_unwind(|| match program.kind {
-        Kind::Lstm => both(LstmSubject, program),
-        Kind::FusedLstm => both(FusedSubject, program),
-        Kind::Gru => both(GruSubject, program),
-        Kind::BnMlp => both(MlpSubject, program),
-        Kind::Token => both(TokenSubject, program),
+        Kind::Lstm => both::<G, _>(LstmSubject, program),
+        Kind::FusedLstm => both::<G, _>(FusedSubject, program),
+        Kind::Gru => both::<G, _>(GruSubject, program),
+        Kind::BnMlp => both::<G, _>(MlpSubject, program),
+        Kind::Token => both::<G, _>(TokenSubject, program),
     });
     caught.unwrap_or_else(|panic| {
         let message = panic
@@ -479,12 +505,12 @@ fn run(program: &Program) -> Result<(), String> {
 }
 
 /// The smallest program, by removing events, that still fails.
-fn shrink(mut program: Program) -> Program {
+fn shrink<G: GraphBackend>(mut program: Program) -> Program {
     let mut index = 0;
     while index < program.events.len() {
         let mut smaller = program.clone();
         smaller.events.remove(index);
-        if run(&smaller).is_err() {
+        if run::<G>(&smaller).is_err() {
             program = smaller;
         } else {
             index += 1;
@@ -493,13 +519,13 @@ fn shrink(mut program: Program) -> Program {
     program
 }
 
-fn check(seeds: impl Iterator<Item = u64>) -> usize {
+fn check<G: GraphBackend>(seeds: impl Iterator<Item = u64>) -> usize {
     let mut ran = 0;
     for seed in seeds {
         let program = Program::generate(seed);
-        if let Err(error) = run(&program) {
-            let minimal = shrink(program);
-            let again = run(&minimal).err().unwrap_or_default();
+        if let Err(error) = run::<G>(&program) {
+            let minimal = shrink::<G>(program);
+            let again = run::<G>(&minimal).err().unwrap_or_default();
             panic!(
                 "seed {seed} fails: {error}\nminimal reproduction ({again}):\n{minimal:#?}\n\
                  add {seed} to REGRESSION_SEEDS"
@@ -520,14 +546,14 @@ fn generated_programs_train_as_eager_training() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let ran = check(first..first + count);
+    let ran = check::<Flex>(first..first + count);
     println!("{ran} programs matched eager training");
     assert_eq!(ran as u64, count);
 }
 
 #[test]
 fn regression_seeds_train_as_eager_training() {
-    check(REGRESSION_SEEDS.iter().copied());
+    check::<Flex>(REGRESSION_SEEDS.iter().copied());
 }
 
 #[test]
@@ -573,11 +599,11 @@ fn a_divergence_is_caught() {
             Event::Step { batch: 4, time: 4 },
         ],
     };
-    assert_eq!(run(&program), Ok(()));
+    assert_eq!(run::<Flex>(&program), Ok(()));
     // The same program, but the trainer's copy learns faster: its graphed run differs.
     fn faster(program: &Program) -> Result<(), String> {
         let _serial = rng_lock();
-        let graphed = graphed(
+        let graphed = graphed::<Flex, _>(
             LstmSubject,
             &Program {
                 events: std::iter::once(Event::SetLr(1e-1))
@@ -586,10 +612,41 @@ fn a_divergence_is_caught() {
                 ..program.clone()
             },
         )?;
-        let eager = eager(LstmSubject, program);
+        let eager = eager::<Flex, _>(LstmSubject, program);
         (graphed.losses == eager.losses && graphed.params == eager.params)
             .then_some(())
             .ok_or_else(|| "differs".to_string())
     }
     assert!(faster(&program).is_err());
+}
+
+/// The programs on the GPU, through this crate's CUDA stacks (`FUZZ_PROGRAMS`, default
+/// 300): replays must equal the eager loop on the same stack bit for bit.
+#[cfg(feature = "cuda")]
+mod gpu {
+    fn programs() -> std::ops::Range<u64> {
+        let count = std::env::var("FUZZ_PROGRAMS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300);
+        let first = std::env::var("FUZZ_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        first..first + count
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn fused_programs_train_as_eager_training() {
+        let ran = super::check::<burn_graph_capture::CudaFused>(programs());
+        println!("{ran} programs matched eager training on CudaFused");
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn cube_programs_train_as_eager_training() {
+        let ran = super::check::<burn_graph_capture::CudaCube>(programs());
+        println!("{ran} programs matched eager training on CudaCube");
+    }
 }
