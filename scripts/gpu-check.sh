@@ -43,8 +43,8 @@ for line in sys.stdin:
 
 # GPU_PACK (default: all) names the binaries to build, space-separated, out of:
 # gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench
-# gpu_conformance lstm lstm-learner charlm fuzz (lstm, lstm-learner and charlm: the
-# examples, for the `examples` stage; fuzz: the differential fuzzer, for `fuzz`). A stage whose binary is not packed fails to start.
+# gpu_conformance lstm lstm-learner charlm fuzz threads (lstm, lstm-learner and charlm:
+# the examples, for the `examples` stage; fuzz and threads: the `reliability` stage). A stage whose binary is not packed fails to start.
 pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
@@ -55,7 +55,7 @@ pack() {
         case $name in
         gpu_runtime | gpu_precision | gpu_capture) src=$(test_binary burn-graph-capture "$name") ;;
         gpu_trainer) src=$(test_binary integration-tests gpu_trainer) ;;
-        fuzz) src=$(test_binary integration-tests fuzz) ;;
+        fuzz | threads) src=$(test_binary integration-tests "$name") ;;
         gpu_graph_speed) src=$(test_binary integration-tests gpu_graph_speed bench) ;;
         runtime_eager_bench)
             cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
@@ -219,7 +219,7 @@ run() {
     # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
     local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -265,10 +265,14 @@ run() {
     if [[ $what == suite ]]; then
         suite_stage
     fi
-    if [[ $what == fuzz ]]; then
-        # The differential fuzzer on both stacks (FUZZ_PROGRAMS each, default 300), then
-        # FUZZ_MEMCHECK_PROGRAMS of them under compute-sanitizer (default 20).
+    if [[ $what == reliability ]]; then
+        # Trainers on several threads, then the differential fuzzer on both stacks
+        # (FUZZ_PROGRAMS each, default 300), then FUZZ_MEMCHECK_PROGRAMS of them under
+        # compute-sanitizer (default 20).
         cubecl_setup
+        (cd "$cubecl_dir" && timeout "${FUZZ_TIMEOUT:-420}" "$bin/threads" --ignored --test-threads=1 gpu:: 2>&1) \
+            | tee "$out/threads.log"
+        status[threads]=${PIPESTATUS[0]}
         (cd "$cubecl_dir" && FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} timeout "${FUZZ_TIMEOUT:-420}" \
             "$bin/fuzz" --ignored --test-threads=1 gpu:: 2>&1) | tee "$out/fuzz.log"
         status[fuzz]=${PIPESTATUS[0]}
@@ -459,5 +463,5 @@ examples_stage() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|examples|fuzz|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac
