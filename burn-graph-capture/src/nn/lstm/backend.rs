@@ -126,6 +126,44 @@ impl<B: GraphBackend> LstmBackend for GraphCapture<B> {
     plain_recurrence!();
 }
 
+/// Stock burn-cuda (and any CubeCL stack, with or without fusion) runs the module too.
+#[cfg(feature = "cuda")]
+mod cubecl_stacks {
+    use super::{LstmBackend, LstmKernels};
+    use burn::tensor::ops::FloatTensor;
+    use burn_backend::DeviceOps;
+    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+    use burn_fusion::{Fusion, FusionBackend};
+    use cubecl_runtime::server::ComputeServer;
+
+    impl<B: FusionBackend> LstmKernels for Fusion<B> {}
+    impl<B: FusionBackend> LstmBackend for Fusion<B> {
+        plain_recurrence!();
+    }
+
+    impl<R, F, I, BT> LstmKernels for CubeBackend<R, F, I, BT>
+    where
+        R: CubeRuntime,
+        R::Server: ComputeServer,
+        R::Device: DeviceOps,
+        F: FloatElement,
+        I: IntElement,
+        BT: BoolElement,
+    {
+    }
+    impl<R, F, I, BT> LstmBackend for CubeBackend<R, F, I, BT>
+    where
+        R: CubeRuntime,
+        R::Server: ComputeServer,
+        R::Device: DeviceOps,
+        F: FloatElement,
+        I: IntElement,
+        BT: BoolElement,
+    {
+        plain_recurrence!();
+    }
+}
+
 /// The recurrence as one autodiff node with its own backward.
 impl<B: LstmKernels, C: CheckpointStrategy> LstmBackend for Autodiff<B, C> {
     fn lstm_recurrence(
