@@ -100,6 +100,8 @@ cubecl_setup() {
     if [ -z "$(ls -A "$cubecl_dir/cache")" ] && [ -f "$here/cubecl-cache.tar.gz" ]; then
         tar -xzf "$here/cubecl-cache.tar.gz" -C "$cubecl_dir/cache" && echo "cubecl cache restored"
     fi
+    # This runtime's NVRTC output (runtime/ptx_cache.rs) travels with the autotune cache.
+    export BURN_GRAPH_CAPTURE_KERNEL_CACHE=$cubecl_dir/cache/ptx
     cat >"$cubecl_dir/cubecl.toml" <<EOF
 [autotune]
 cache = { file = "$cubecl_dir/cache/autotune" }

@@ -5,6 +5,7 @@
 //! The NVRTC option list is assembled by a pure function so it can be unit tested.
 
 use super::error::launch_err;
+use super::ptx_cache::{PtxCache, compile_input};
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::{
     ir::DeviceProperties,
@@ -22,7 +23,7 @@ use cubecl_runtime::{
 };
 use cudarc::{
     driver::{CudaContext, CudaFunction, sys::CUfunction_attribute},
-    nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts},
+    nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts},
 };
 use std::{collections::HashMap, path::Path, sync::Arc};
 
@@ -68,6 +69,10 @@ pub struct KernelCache {
     properties: DeviceProperties,
     nvrtc_options: Vec<String>,
     kernels: HashMap<KernelId, LoadedKernel>,
+    /// NVRTC output from earlier processes (see `ptx_cache`).
+    ptx_cache: PtxCache,
+    /// NVRTC's version, part of every cache key.
+    nvrtc_version: (i32, i32),
 }
 
 impl KernelCache {
@@ -83,6 +88,8 @@ impl KernelCache {
             properties,
             nvrtc_options,
             kernels: HashMap::new(),
+            ptx_cache: PtxCache::from_env(),
+            nvrtc_version: nvrtc_version(),
         }
     }
 
@@ -152,16 +159,24 @@ impl KernelCache {
         }
         logger.log_compilation(&compiled);
 
-        let options = CompileOptions {
-            options: self.nvrtc_options.clone(),
-            ..Default::default()
+        let input = compile_input(&compiled.source, &self.nvrtc_options, self.nvrtc_version);
+        let ptx = match self.ptx_cache.get(&input) {
+            Some(cached) => Ptx::from_src(cached),
+            None => {
+                let options = CompileOptions {
+                    options: self.nvrtc_options.clone(),
+                    ..Default::default()
+                };
+                let ptx = compile_ptx_with_opts(&compiled.source, options).map_err(|err| {
+                    LaunchError::from(CompilationError::Generic {
+                        reason: describe_nvrtc_error(&err, &compiled.source),
+                        backtrace: BackTrace::capture(),
+                    })
+                })?;
+                self.ptx_cache.put(&input, &ptx.to_src());
+                ptx
+            }
         };
-        let ptx = compile_ptx_with_opts(&compiled.source, options).map_err(|err| {
-            LaunchError::from(CompilationError::Generic {
-                reason: describe_nvrtc_error(&err, &compiled.source),
-                backtrace: BackTrace::capture(),
-            })
-        })?;
 
         let module = self
             .ctx
@@ -182,6 +197,18 @@ impl KernelCache {
             cube_dim: compiled.cube_dim,
             shared_mem_bytes: shared as u32,
         })
+    }
+}
+
+/// NVRTC's (major, minor) version; (0, 0) if it cannot say (the cache then keys on that).
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers; it needs no state.
+    let result = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if result == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        (major, minor)
+    } else {
+        (0, 0)
     }
 }
 

@@ -41,6 +41,7 @@ mod fence;
 pub mod graph_pool;
 mod init;
 pub mod properties;
+mod ptx_cache;
 mod server;
 mod storage;
 mod stream;
