@@ -99,47 +99,34 @@ impl<B: Backend> Clone for LstmSaved<B> {
     }
 }
 
-/// The recurrence of a backend without autodiff: its kernels' forward.
-macro_rules! plain_recurrence {
-    () => {
-        fn lstm_recurrence(
-            xp: FloatTensor<Self>,
-            wh: FloatTensor<Self>,
-            h0: FloatTensor<Self>,
-            c0: FloatTensor<Self>,
-        ) -> FloatTensor<Self> {
-            Self::lstm_forward(xp, wh, h0, c0).0
-        }
-    };
+/// A backend without autodiff runs the recurrence as its kernels' forward.
+impl<B: LstmKernels> LstmBackend for B {
+    fn lstm_recurrence(
+        xp: FloatTensor<Self>,
+        wh: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        c0: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::lstm_forward(xp, wh, h0, c0).0
+    }
 }
 
 #[cfg(feature = "flex")]
 impl LstmKernels for burn_flex::Flex {}
-#[cfg(feature = "flex")]
-impl LstmBackend for burn_flex::Flex {
-    plain_recurrence!();
-}
 
 /// The decorator records the recurrence's ops like any others.
 impl<B: GraphBackend> LstmKernels for GraphCapture<B> {}
-impl<B: GraphBackend> LstmBackend for GraphCapture<B> {
-    plain_recurrence!();
-}
 
 /// Stock burn-cuda (and any CubeCL stack, with or without fusion) runs the module too.
 #[cfg(feature = "cuda")]
 mod cubecl_stacks {
-    use super::{LstmBackend, LstmKernels};
-    use burn::tensor::ops::FloatTensor;
+    use super::LstmKernels;
     use burn_backend::DeviceOps;
     use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
     use burn_fusion::{Fusion, FusionBackend};
     use cubecl_runtime::server::ComputeServer;
 
     impl<B: FusionBackend> LstmKernels for Fusion<B> {}
-    impl<B: FusionBackend> LstmBackend for Fusion<B> {
-        plain_recurrence!();
-    }
 
     impl<R, F, I, BT> LstmKernels for CubeBackend<R, F, I, BT>
     where
@@ -150,17 +137,6 @@ mod cubecl_stacks {
         I: IntElement,
         BT: BoolElement,
     {
-    }
-    impl<R, F, I, BT> LstmBackend for CubeBackend<R, F, I, BT>
-    where
-        R: CubeRuntime,
-        R::Server: ComputeServer,
-        R::Device: DeviceOps,
-        F: FloatElement,
-        I: IntElement,
-        BT: BoolElement,
-    {
-        plain_recurrence!();
     }
 }
 
