@@ -130,33 +130,14 @@ where
     let config = GraphTrainerConfig::new().with_capture(capture);
     let mut trainer = GraphTrainer::new(model, optimizer, loss, config);
 
-    let mut rng = shuffler(options.seed);
-    let per_epoch = series
-        .epoch(options.seq_len, options.batch, &mut shuffler(0))?
-        .len();
-    anyhow::ensure!(
-        per_epoch > 0,
-        "no full batch of {} windows fits the training split",
-        options.batch
-    );
-    let progress = progress_bar((per_epoch * options.epochs) as u64, label);
-    let mut losses = Vec::new();
-    let start = Instant::now();
-    for _ in 0..options.epochs {
-        for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
-            let batch = series.batch(&starts, options.seq_len, device);
-            let outcome = trainer.step(batch)?;
-            let loss: f32 = outcome.output.into_scalar().elem();
-            if let StepMode::Eager(reason) = &outcome.mode {
-                tracing::debug!(%reason, "eager step");
-            }
-            losses.push(loss);
-            progress.set_message(format!("loss {loss:.4} ({})", outcome.mode.kind()));
-            progress.inc(1);
+    let (losses, seconds) = epochs(options, series, label, device, |batch| {
+        let outcome = trainer.step(batch)?;
+        if let StepMode::Eager(reason) = &outcome.mode {
+            tracing::debug!(%reason, "eager step");
         }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    progress.finish();
+        let loss: f32 = outcome.output.into_scalar().elem();
+        Ok((loss, format!(" ({})", outcome.mode.kind())))
+    })?;
 
     let model = trainer
         .model()
@@ -182,27 +163,12 @@ pub fn train_stock<S: AutodiffBackend>(
 ) -> anyhow::Result<Run<LstmRegressor<S>>> {
     let mut model = initial_model::<S>(options, device);
     let mut optimizer = AdamConfig::new().init::<S, LstmRegressor<S>>();
-    let mut rng = shuffler(options.seed);
-    let per_epoch = series
-        .epoch(options.seq_len, options.batch, &mut shuffler(0))?
-        .len();
-    let progress = progress_bar((per_epoch * options.epochs) as u64, "stock");
-    let mut losses = Vec::new();
-    let start = Instant::now();
-    for _ in 0..options.epochs {
-        for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
-            let batch = series.batch::<S>(&starts, options.seq_len, device);
-            let loss = model.loss(batch.x, batch.y);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optimizer.step(options.lr, model, grads);
-            let loss: f32 = loss.into_scalar().elem();
-            losses.push(loss);
-            progress.set_message(format!("loss {loss:.4}"));
-            progress.inc(1);
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    progress.finish();
+    let (losses, seconds) = epochs(options, series, "stock", device, |batch| {
+        let loss = model.loss(batch.x, batch.y);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(options.lr, model.clone(), grads);
+        Ok((loss.into_scalar().elem(), String::new()))
+    })?;
     let eval = evaluate(&model.valid(), series, options.seq_len, device);
     Ok(Run {
         label: "stock".to_owned(),
@@ -212,6 +178,41 @@ pub fn train_stock<S: AutodiffBackend>(
         seconds,
         report: None,
     })
+}
+
+/// `options.epochs` epochs of shuffled full batches, each trained by `step`, which returns
+/// the step's loss and a note for the progress bar. Returns every loss and the loop's
+/// wall time.
+fn epochs<B: Backend>(
+    options: &Options,
+    series: &Sunspots,
+    label: &str,
+    device: &B::Device,
+    mut step: impl FnMut(Batch<B>) -> anyhow::Result<(f32, String)>,
+) -> anyhow::Result<(Vec<f32>, f64)> {
+    let mut rng = shuffler(options.seed);
+    let per_epoch = series
+        .epoch(options.seq_len, options.batch, &mut shuffler(0))?
+        .len();
+    anyhow::ensure!(
+        per_epoch > 0,
+        "no full batch of {} windows fits the training split",
+        options.batch
+    );
+    let progress = progress_bar((per_epoch * options.epochs) as u64, label);
+    let mut losses = Vec::new();
+    let start = Instant::now();
+    for _ in 0..options.epochs {
+        for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
+            let (loss, note) = step(series.batch(&starts, options.seq_len, device))?;
+            losses.push(loss);
+            progress.set_message(format!("loss {loss:.4}{note}"));
+            progress.inc(1);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    progress.finish();
+    Ok((losses, seconds))
 }
 
 /// Forecasts every held-out month (with `context` months of warm-up before the split).
