@@ -9,6 +9,7 @@
 #       GPU tests, compute-sanitizer memcheck and the bench, and prints a summary table
 #       last. WHAT (default "all") is one of: all, smoke, tests (= runtime + trainer),
 #       suite (every GPU test and memcheck side by side, see suite_stage),
+#       cold (issue 11: COLD_PROCS fresh-cache trainer processes side by side, see cold_stage),
 #       runtime (gpu_runtime and gpu_capture), trainer, speed, ncu, torch,
 #       perf (= speed + ncu + torch), memcheck (= memcheck-runtime, on gpu_runtime and
 #       gpu_capture, + memcheck-trainer, on gpu_trainer), bench (= perf + the eager runtime bench),
@@ -268,21 +269,10 @@ run() {
         suite_stage
     fi
     if [[ $what == reliability ]]; then
-        # Trainers on several threads, then the differential fuzzer on both stacks
-        # (FUZZ_PROGRAMS each, default 300), then FUZZ_MEMCHECK_PROGRAMS of them under
-        # compute-sanitizer (default 20).
-        cubecl_setup
-        (cd "$cubecl_dir" && timeout "${FUZZ_TIMEOUT:-420}" "$bin/threads" --ignored --test-threads=1 gpu:: 2>&1) \
-            | tee "$out/threads.log"
-        status[threads]=${PIPESTATUS[0]}
-        (cd "$cubecl_dir" && FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} timeout "${FUZZ_TIMEOUT:-420}" \
-            "$bin/fuzz" --ignored --test-threads=1 gpu:: 2>&1) | tee "$out/fuzz.log"
-        status[fuzz]=${PIPESTATUS[0]}
-        (cd "$cubecl_dir" && FUZZ_PROGRAMS=${FUZZ_MEMCHECK_PROGRAMS:-20} timeout "${FUZZ_TIMEOUT:-420}" \
-            compute-sanitizer --tool memcheck --error-exitcode 1 \
-            "$bin/fuzz" --ignored --test-threads=1 gpu::fused 2>&1) | tee "$out/fuzz-memcheck.log"
-        status[fuzz_memcheck]=${PIPESTATUS[0]}
-        cubecl_save
+        reliability_stage
+    fi
+    if [[ $what == cold ]]; then
+        cold_stage
     fi
     if [[ $what == examples ]]; then
         cubecl_setup
@@ -372,6 +362,43 @@ run() {
     speed_summary
 }
 
+# NAME CMD...: runs CMD in /tmp/suite-NAME, a directory with its own cubecl.toml and
+# autotune cache (so no two processes write one cache), logging to $out/NAME.log.
+isolated() {
+    local name=$1 dir=/tmp/suite-$1
+    shift
+    mkdir -p "$dir/cache"
+    printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+    (cd "$dir" && GPU_OURS_AUTOTUNE=$dir/cache/autotune BURN_GRAPH_CAPTURE_KERNEL_CACHE=$dir/cache/ptx "$@") \
+        >"$out/$name.log" 2>&1
+}
+
+# Issue 14 on the GPU, side by side (isolated processes): trainers on several threads;
+# the differential fuzzer on each stack (FUZZ_PROGRAMS each, default 300); and
+# FUZZ_MEMCHECK_PROGRAMS of them (default 20) under compute-sanitizer. FUZZ_TIMEOUT
+# seconds each (default 540). The fuzzer prints its progress every 50 programs.
+reliability_stage() {
+    local -A pids
+    local t=${FUZZ_TIMEOUT:-540} part
+    isolated threads timeout "$t" "$bin/threads" --ignored --test-threads=1 --nocapture gpu:: &
+    pids[threads]=$!
+    for part in fused cube; do
+        FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \
+            --test-threads=1 --nocapture "gpu::${part}_" &
+        pids[fuzz_$part]=$!
+    done
+    FUZZ_PROGRAMS=${FUZZ_MEMCHECK_PROGRAMS:-20} isolated fuzz-memcheck timeout "$t" compute-sanitizer \
+        --tool memcheck --error-exitcode 17 --print-limit 20 "$bin/fuzz" --ignored --test-threads=1 \
+        --nocapture gpu::fused_ &
+    pids[fuzz_memcheck]=$!
+    for part in "${!pids[@]}"; do
+        wait "${pids[$part]}"
+        status[$part]=$?
+    done
+    grep -hE "programs matched|^test .*(ok|FAILED)$|ERROR SUMMARY|seed .* fails|panicked" \
+        "$out"/threads.log "$out"/fuzz-*.log
+}
+
 # Every GPU test side by side in one call (the device machine has 16 cores and the tests
 # use a fraction of the GPU): the trainer modules at full length, each under
 # compute-sanitizer memcheck at a tenth (GPU_TRAINER_SHORT), gpu_capture with and without
@@ -383,13 +410,6 @@ run() {
 suite_stage() {
     local -A pids
     local t=${SUITE_TIMEOUT:-560} part dir
-    isolated() { # NAME CMD...: runs CMD in /tmp/suite-NAME with its own autotune cache
-        local name=$1 dir=/tmp/suite-$1
-        shift
-        mkdir -p "$dir/cache"
-        printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
-        (cd "$dir" && GPU_OURS_AUTOTUNE=$dir/cache/autotune "$@") >"$out/$name.log" 2>&1
-    }
     for part in ${SUITE_PARTS:-inputs correctness guards memory}; do
         isolated "trainer-$part" timeout "$t" "$bin/gpu_trainer" --include-ignored --test-threads=1 \
             --nocapture "$part::" &
@@ -439,6 +459,34 @@ conformance_table() {
 # model through burn-train's Learner (graphed, eager, stock), and the character LM. Each
 # writes its files into $OUT/examples/<name> (tarred into examples.tar.gz), running in
 # the cubecl config directory so autotune results persist; the summary comes last.
+# Issue 11's intermittent divergence: COLD_PROCS (12) gpu_trainer processes side by side,
+# each in a directory of its own with an empty autotune cache, each running the tests
+# that COLD_FILTER (default: the fused MLP tests of inputs::) selects. Prints how many
+# processes passed; logs in $out/cold-logs.tar.gz.
+cold_stage() {
+    local n=${COLD_PROCS:-12} i dir
+    local -a pids
+    mkdir -p "$out/cold"
+    for ((i = 0; i < n; i++)); do
+        dir=/tmp/cold-$i
+        rm -rf "$dir" && mkdir -p "$dir/cache"
+        printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+        # shellcheck disable=SC2086 # COLD_FILTER is a list of filters
+        (cd "$dir" && BURN_GRAPH_CAPTURE_KERNEL_CACHE=$dir/cache/ptx timeout "${COLD_TIMEOUT:-400}" \
+            "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture \
+            ${COLD_FILTER:-inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp}) \
+            >"$out/cold/cold-$i.log" 2>&1 &
+        pids[i]=$!
+    done
+    local passed=0
+    for ((i = 0; i < n; i++)); do
+        wait "${pids[i]}" && passed=$((passed + 1))
+    done
+    status[cold]="$passed of $n processes passed"
+    grep -hE "^test .*(ok|FAILED)$|differ" "$out"/cold/*.log | sort | uniq -c
+    tar -czf "$out/cold-logs.tar.gz" -C "$out" cold && rm -rf "$out/cold"
+}
+
 examples_stage() {
     local bin=$1 out=$2 epochs=${EXAMPLE_EPOCHS:-3}
     mkdir -p "$out/examples"
@@ -465,5 +513,5 @@ examples_stage() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac

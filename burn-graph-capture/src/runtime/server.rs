@@ -219,6 +219,16 @@ impl CudaGraphServer {
             CubeCount::Static(x, y, z) => (x, y, z),
             CubeCount::Dynamic(binding) => self.read_cube_count(binding, stream_id)?,
         };
+        // Which kernel ran, for diffing two runs' launch sequences (autotune benchmarks
+        // show as `profiling`).
+        tracing::trace!(
+            target: "burn_graph_capture::launch",
+            kernel = kernel.name(),
+            ?grid,
+            buffers = args.buffers.len(),
+            profiling = !self.timestamps.is_empty(),
+            capturing,
+        );
 
         let stream = self.streams.resolve(stream_id);
         let info = &args.info;

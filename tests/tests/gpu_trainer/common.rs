@@ -50,6 +50,22 @@ pub const WARMUP: usize = 3;
 /// 10-100x slower, so the whole suite fits one sanitizer run on the same code paths.
 pub const SHORT_VAR: &str = "GPU_TRAINER_SHORT";
 
+/// With `GPU_TRACE` set, prints the trainer's step log and every kernel launch
+/// (`burn_graph_capture::launch`) to stderr, so two runs' launch sequences can be diffed.
+pub fn trace_from_env() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    if std::env::var_os("GPU_TRACE").is_some() {
+        INIT.call_once(|| {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .without_time()
+                .try_init();
+        });
+    }
+}
+
 /// `full`, or a tenth of it when `SHORT_VAR` is set.
 pub fn run_length(full: usize) -> usize {
     if std::env::var_os(SHORT_VAR).is_some() {
@@ -86,13 +102,18 @@ pub fn device() -> CudaGraphDevice {
     CudaGraphDevice::new(0)
 }
 
-fn config(sizes: Sizes) -> LstmRegressorConfig {
+/// The LSTM regressor of `sizes`.
+pub fn config(sizes: Sizes) -> LstmRegressorConfig {
     LstmRegressorConfig::new(sizes.hidden).with_d_input(D_INPUT)
 }
 
 /// Fresh weights as bytes. Burn initializes parameters lazily, so models built from
 /// the same bytes are the only way to get two identical models.
+/// Initial weights for `sizes`, the same on every call: Flex's RNG is seeded first (it
+/// is not the GPU backend's, which the tests seed elsewhere). Unseeded, two runs of one
+/// test started from different weights and differed from their first step.
 pub fn model_bytes(sizes: Sizes) -> Vec<u8> {
+    Flex::seed(&Default::default(), 7);
     to_bytes(config(sizes).init::<Flex>(&Default::default()))
 }
 

@@ -206,6 +206,30 @@ fn token_model_graphs_and_equals_eager<G: Stack>() {
     );
 }
 
+/// Before any step, the trainer lends back exactly the model it was given (the fuzzer's
+/// token model once differed here on the GPU, with no step run).
+fn trainer_lends_back_its_model_unchanged<G: Stack>() {
+    let bytes = lm_bytes();
+    let expected = parameter_values(&lm::<G>(&bytes));
+    let trainer = GraphTrainer::new(
+        lm::<G>(&bytes),
+        adam::<G>(),
+        lm_loss::<G>,
+        GraphTrainerConfig::new(),
+    );
+    let lent = parameter_values(&trainer.model().expect("model").clone());
+    for (index, (lent, expected)) in lent.iter().zip(&expected).enumerate() {
+        let first = first_difference(lent, expected);
+        assert_eq!(
+            first,
+            None,
+            "parameter {index} ({} values): first difference at {first:?}",
+            lent.len()
+        );
+    }
+    assert_eq!(lent.len(), expected.len(), "parameter count");
+}
+
 fn masked_loss<G: Stack>(model: &CharLm<B<G>>, batch: &MaskOnly<B<G>>) -> Tensor<B<G>, 1> {
     lm_loss::<G>(model, &batch.tokens) * batch.mask.clone().mean()
 }
@@ -532,6 +556,7 @@ fn eager_mlp_training_is_deterministic<G: Stack>() {
 
 stack_tests!(
     eager_mlp_training_is_deterministic,
+    trainer_lends_back_its_model_unchanged,
     token_model_graphs_and_equals_eager,
     unlisted_tokens_stay_eager_and_equal_eager,
     a_constant_mask_replays_and_equals_eager,

@@ -34,6 +34,7 @@ macro_rules! stack_tests {
                 #[test]
                 #[ignore = "needs an NVIDIA GPU"]
                 fn $test() {
+                    crate::common::trace_from_env();
                     super::$test::<$G>();
                 }
             )+

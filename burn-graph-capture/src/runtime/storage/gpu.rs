@@ -72,6 +72,9 @@ impl GpuStorage {
         }
     }
 
+    /// Set to give every device buffer a page of its own (for compute-sanitizer runs).
+    pub const EXCLUSIVE_PAGES_VAR: &str = "BURN_GRAPH_CAPTURE_EXCLUSIVE_PAGES";
+
     /// A CubeCL pool over device pages of `stream`, laid out as `props` says. The server's
     /// normal pools, the arena and the graph pools differ only in their `options`.
     pub fn pool(
@@ -80,10 +83,17 @@ impl GpuStorage {
         logger: Arc<ServerLogger>,
         options: MemoryManagementOptions,
     ) -> MemoryManagement<Self> {
+        // Diagnostics: one device allocation per buffer, so that compute-sanitizer sees
+        // each buffer's bounds (sub-allocated pages hide overruns into a neighbour).
+        let configuration = if std::env::var_os(Self::EXCLUSIVE_PAGES_VAR).is_some() {
+            MemoryConfiguration::ExclusivePages
+        } else {
+            MemoryConfiguration::default()
+        };
         MemoryManagement::from_configuration(
             Self::new(stream, props.alignment as usize),
             props,
-            MemoryConfiguration::default(),
+            configuration,
             logger,
             options,
         )
