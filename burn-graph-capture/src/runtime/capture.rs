@@ -10,7 +10,11 @@
 //!   that cannot be had breaks the window with [`CaptureError::NeedsAllocation`]. With a
 //!   private graph pool (`graph_pool`), the step's intermediates come from that pool;
 //! - no free: page frees, the drop queue and storage flushes wait until the window closes;
-//! - no first-time compile: a launch of a kernel not in the cache breaks the window.
+//! - no first-time compile: a launch of a kernel not in the cache breaks the window;
+//! - only the work of the stream that opened the window and of its pool stream is
+//!   recorded (`CaptureWindow::records`); other threads' launches, copies, reads, syncs
+//!   and replays are held by the server and run right after the window closes
+//!   (`deferred.rs`), and their profiling fails instead of waiting.
 //!
 //! A broken window launches nothing more; `capture_end` ends the capture, throws the
 //! graph away and returns the first error. Nothing recorded has run, so the caller can run
@@ -112,9 +116,17 @@ pub struct CaptureWindow {
     pub launches: usize,
     /// The capture stream whose handles the window's private pool serves, if it has one.
     pub pool: Option<StreamId>,
+    /// The stream that opened the window. The window records its work and the pool
+    /// stream's; work of any other stream is held until it closes (`deferred.rs`).
+    pub owner: Option<StreamId>,
 }
 
 impl CaptureWindow {
+    /// Whether the window records work submitted under `stream_id`.
+    pub fn records(&self, stream_id: StreamId) -> bool {
+        Some(stream_id) == self.owner || Some(stream_id) == self.pool
+    }
+
     /// Marks the window broken with `error`, keeping the first error.
     pub fn break_with(&mut self, error: CaptureError) {
         if self.broken.is_none() {

@@ -16,6 +16,7 @@
 //! - `compile`: NVRTC compilation and the kernel cache;
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
 //! - [`capture`]: capture windows, graph retention, replay and release;
+//! - `deferred`: other threads' work held while a window is open;
 //! - [`arena`]: the pool of pinned tensors (fixed addresses);
 //! - [`error`]: typed errors.
 //!
@@ -34,6 +35,7 @@ pub mod arena;
 pub mod capture;
 mod compile;
 mod copy;
+mod deferred;
 pub mod device;
 mod environment;
 pub mod error;

@@ -14,6 +14,7 @@ use super::{
     capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
+    deferred::{Deferred, after_window},
     error::{CaptureError, launch_err, server_err},
     fence::Fence,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
@@ -63,6 +64,8 @@ pub struct CudaGraphServer {
     /// Instantiated graphs by id, with what each retains (see `capture.rs`).
     graphs: HashMap<u64, CapturedGraph>,
     next_graph: u64,
+    /// Other streams' work held while a window is open (see `deferred.rs`).
+    deferred: Vec<Deferred>,
 }
 
 impl CudaGraphServer {
@@ -81,6 +84,7 @@ impl CudaGraphServer {
             utilities: Arc::new(utilities),
             graphs: HashMap::new(),
             next_graph: 0,
+            deferred: Vec::new(),
         }
     }
 
@@ -103,6 +107,62 @@ impl CudaGraphServer {
         self.ctx
             .bind_to_thread()
             .map_err(|err| server_err("cuCtxSetCurrent", err))
+    }
+
+    /// Whether a window is open that does not record `stream_id`'s work: that work is
+    /// held until the window closes (see `deferred.rs`).
+    fn holds(&mut self, stream_id: StreamId) -> bool {
+        matches!(&self.streams.resolve(stream_id).window, Some(window) if !window.records(stream_id))
+    }
+
+    /// Runs the work held during the window that just closed, in submission order, each
+    /// call under the stream id that submitted it. Errors are parked as for any call.
+    fn run_deferred(&mut self) {
+        for work in std::mem::take(&mut self.deferred) {
+            work.stream_id().executes(|| match work {
+                Deferred::Launch {
+                    kernel,
+                    count,
+                    args,
+                    mode,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.launch_checked(kernel, count, args, mode, stream_id) {
+                        self.park(stream_id, err);
+                    }
+                }
+                Deferred::Write {
+                    descriptors,
+                    stream_id,
+                } => self.write(descriptors, stream_id),
+                Deferred::Read {
+                    descriptors,
+                    stream_id,
+                    reply,
+                } => {
+                    // A reader that stopped waiting is no error.
+                    let _ = reply.send(self.read(descriptors, stream_id));
+                }
+                Deferred::Sync { stream_id, reply } => {
+                    let _ = reply.send(self.sync(stream_id));
+                }
+                Deferred::Replay { id, stream_id } => {
+                    if let Err(err) = self.replay(id) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+                Deferred::Copy {
+                    src,
+                    dst,
+                    bytes,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.copy_device(src, dst, bytes) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+            });
+        }
     }
 
     /// Takes the errors parked on the stream. When there were some, profiles in flight are
@@ -147,11 +207,11 @@ impl CudaGraphServer {
             pool.storage().refused_bytes()
         });
         match &mut stream.window {
-            Some(window) => window.break_with(match refused {
+            Some(window) if window.records(stream_id) => window.break_with(match refused {
                 Some(bytes) => CaptureError::NeedsAllocation { bytes },
                 None => CaptureError::Server(error.to_string()),
             }),
-            None => stream.errors.push(error),
+            _ => stream.errors.push(error),
         }
     }
 
@@ -487,6 +547,15 @@ impl ComputeServer for CudaGraphServer {
 
     fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
         self.bind_context()?;
+        if self.holds(stream_id) {
+            // The write runs after the window: pinned if a free page has room, else
+            // plain memory (new pinned pages are refused while the window is open).
+            let stream = self.streams.resolve(stream_id);
+            return Ok(sizes
+                .iter()
+                .map(|size| host_buffer(stream, *size, false))
+                .collect());
+        }
         let stream = self.streams.resolve(stream_id);
         sizes
             .iter()
@@ -515,6 +584,15 @@ impl ComputeServer for CudaGraphServer {
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        if self.holds(stream_id) {
+            let (reply, wait) = oneshot::channel();
+            self.deferred.push(Deferred::Read {
+                descriptors,
+                stream_id,
+                reply,
+            });
+            return after_window(wait);
+        }
         if let Some(err) = self.refuse_sync(stream_id, "read") {
             return Box::pin(async move { Err(err) });
         }
@@ -525,6 +603,13 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        if self.holds(stream_id) {
+            self.deferred.push(Deferred::Write {
+                descriptors,
+                stream_id,
+            });
+            return;
+        }
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
@@ -581,6 +666,16 @@ impl ComputeServer for CudaGraphServer {
         mode: ExecutionMode,
         stream_id: StreamId,
     ) {
+        if self.holds(stream_id) {
+            self.deferred.push(Deferred::Launch {
+                kernel,
+                count,
+                args: bindings,
+                mode,
+                stream_id,
+            });
+            return;
+        }
         if let Err(err) = self.launch_checked(kernel, count, bindings, mode, stream_id) {
             self.park(stream_id, err);
         }
@@ -600,6 +695,11 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
+        if self.holds(stream_id) {
+            let (reply, wait) = oneshot::channel();
+            self.deferred.push(Deferred::Sync { stream_id, reply });
+            return after_window(wait);
+        }
         if let Some(err) = self.refuse_sync(stream_id, "sync") {
             return Box::pin(async move { Err(err) });
         }
@@ -638,6 +738,13 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
+        if self.holds(stream_id) {
+            // Waiting here for the window would block the thread that must close it.
+            return Err(ServerError::Generic {
+                reason: "profiling while another thread's capture window is open".into(),
+                backtrace: BackTrace::capture(),
+            });
+        }
         future::block_on(self.sync(stream_id))?;
         Ok(self.timestamps.start())
     }
@@ -647,7 +754,12 @@ impl ComputeServer for CudaGraphServer {
         stream_id: StreamId,
         token: ProfilingToken,
     ) -> Result<ProfileDuration, ProfileError> {
-        if let Err(err) = future::block_on(self.sync(stream_id)) {
+        if self.holds(stream_id) {
+            self.timestamps.error(ProfileError::Unknown {
+                reason: "profile ended while another thread's capture window was open".into(),
+                backtrace: BackTrace::capture(),
+            });
+        } else if let Err(err) = future::block_on(self.sync(stream_id)) {
             self.timestamps.error(ProfileError::Server(Box::new(err)));
         }
         self.timestamps.stop(token)
@@ -716,6 +828,14 @@ fn capture_server_err(err: ServerError) -> CaptureError {
     CaptureError::Server(err.to_string())
 }
 
+/// A failed held replay or copy, parked for the thread that queued it.
+fn capture_as_server_err(err: CaptureError) -> ServerError {
+    ServerError::Generic {
+        reason: err.to_string(),
+        backtrace: BackTrace::capture(),
+    }
+}
+
 /// Capture windows, replay and the arena (see `capture.rs` and `arena.rs`). Reached from
 /// outside through `DeviceHandle::<CudaGraphServer>::submit_blocking`, so every call is
 /// ordered with the kernels and copies queued before it.
@@ -773,6 +893,7 @@ impl CudaGraphServer {
         }
         stream.window = Some(CaptureWindow {
             pool,
+            owner: Some(StreamId::current()),
             ..CaptureWindow::default()
         });
         Ok(())
@@ -782,6 +903,19 @@ impl CudaGraphServer {
     /// with everything the window retained. A broken window's graph is thrown away and its
     /// first error returned; the stream has left capture mode either way.
     pub fn capture_end(&mut self) -> Result<(u64, GraphInfo), CaptureError> {
+        if self.holds(StreamId::current()) {
+            // Another thread's window: only its owner closes it.
+            return Err(CaptureError::NotCapturing);
+        }
+        let closed = self.close_window();
+        // Other threads' work held during the window runs now, after everything the
+        // window recorded was queued... and before anything queued later.
+        self.run_deferred();
+        closed
+    }
+
+    /// Ends the capture and instantiates what it recorded (see [`Self::capture_end`]).
+    fn close_window(&mut self) -> Result<(u64, GraphInfo), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
         let stream = self.main_stream();
         let Some(mut window) = stream.window.take() else {
@@ -845,6 +979,18 @@ impl CudaGraphServer {
     /// Queues one replay of graph `id` on the stream.
     pub fn replay(&mut self, id: u64) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
+        let caller = StreamId::current();
+        if self.holds(caller) {
+            // Another thread's window is open: the replay runs once it closes.
+            if !self.graphs.contains_key(&id) {
+                return Err(CaptureError::UnknownGraph(id));
+            }
+            self.deferred.push(Deferred::Replay {
+                id,
+                stream_id: caller,
+            });
+            return Ok(());
+        }
         if self.main_stream().capturing() {
             return Err(CaptureError::Unsupported("replaying a graph"));
         }
@@ -904,8 +1050,10 @@ impl CudaGraphServer {
     /// handle to it is dropped. Not inside a window (that would be an allocation).
     pub fn arena_alloc(&mut self, size: u64) -> Result<Handle, CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
+        // Another thread's window may be open: an allocation queues no stream work.
+        let recording = !self.holds(StreamId::current());
         let stream = self.main_stream();
-        if stream.capturing() {
+        if recording && stream.capturing() {
             return Err(CaptureError::Unsupported("allocating in the arena"));
         }
         let handle = Handle::new(super::arena::ARENA_STREAM, size);
@@ -940,8 +1088,10 @@ impl CudaGraphServer {
         bytes: u64,
     ) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
+        let caller = StreamId::current();
+        let held = self.holds(caller);
         let stream = self.main_stream();
-        if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+        if !held && matches!(&stream.window, Some(window) if window.broken.is_some()) {
             return Ok(());
         }
         let from = resource(stream, src.clone()).map_err(|err| capture_server_err(err.into()))?;
@@ -955,6 +1105,16 @@ impl CudaGraphServer {
         if bytes == 0 {
             return Ok(());
         }
+        if held {
+            self.deferred.push(Deferred::Copy {
+                src,
+                dst,
+                bytes,
+                stream_id: caller,
+            });
+            return Ok(());
+        }
+        let stream = self.main_stream();
         // SAFETY: both slices are live pool/arena slices of at least `bytes` bytes; inside a
         // window both are retained with the graph, outside it the stream orders the copy
         // before any later reuse of either slice.

@@ -48,9 +48,10 @@ use crate::step::{
 ///   training through the interrupter, with the error as its message; the model keeps
 ///   its last values.
 /// - It trains on the device the model sits on.
-/// - Open hazard on GPUs: burn-train's metrics thread reads each step's item while the
-///   next step runs, and a read that lands inside a capture window fails (with the
-///   capture, which falls back). See ARCHITECTURE.md, "Known limits"; not yet measured.
+/// - burn-train's metrics thread reads each step's item while the next step runs. A read
+///   that lands inside a capture window is held by the runtime until the window closes
+///   (ARCHITECTURE.md, "Window rules"); before that fix the graphed and eager Learner
+///   runs differed on the H200. The fix is not yet measured on a GPU.
 pub struct GraphStrategy<G, O> {
     optimizer: SharedOptimizer<O>,
     config: GraphTrainerConfig,
