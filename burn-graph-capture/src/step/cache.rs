@@ -220,6 +220,11 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
+    /// Forgets every shape (dropping all graphs): each warms up again at its next step.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+    }
+
     /// Makes every shape eager for good (dropping all graphs).
     pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
         for phase in self.entries.values_mut() {

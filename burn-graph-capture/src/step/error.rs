@@ -24,6 +24,21 @@ pub enum StepError {
         /// Shape of the returned loss.
         shape: Vec<usize>,
     },
+    /// The optimizer holds state for parameters the model does not have, or state of
+    /// another size than its parameter: a record saved with another model. Nothing ran;
+    /// put the matching model in with `put_model`, or build the trainer with the
+    /// optimizer record saved with this model.
+    #[error(
+        "the optimizer state does not fit the model: {foreign} parameter(s) with state \
+         are not in the model, {misshapen} have state of another size; was the optimizer \
+         record saved with another model?"
+    )]
+    OptimizerStateMismatch {
+        /// Parameters with state that the model does not have.
+        foreign: usize,
+        /// Parameters whose state has another number of elements.
+        misshapen: usize,
+    },
     /// The model was taken out with `take_model` and not put back.
     #[error("the model was taken out of the trainer; put it back with `put_model`")]
     ModelTakenOut,

@@ -143,6 +143,13 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         }
     }
 
+    /// Starts over for a model of another structure: no pins, no graphs, and every
+    /// shape warms up again (its recorded steps were another model's).
+    pub(crate) fn restart(&mut self) {
+        self.unpin();
+        self.cache.clear();
+    }
+
     /// What the trainer accounts for in a step besides the batch: the allocations of its
     /// parameters and optimizer state.
     pub(crate) fn owned<M, O>(&self, learner: &mut Learner<M, O>) -> Accounted

@@ -8,6 +8,7 @@
 mod cache;
 mod config;
 mod error;
+mod fit;
 mod graphed;
 mod guard;
 mod input;

@@ -11,6 +11,7 @@ use burn_backend::tensor::FloatTensor;
 use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
+use super::fit;
 use super::graphed::{Fallback, Graphs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, with_own_state};
@@ -77,6 +78,9 @@ where
     lent: Lent<M, O>,
     /// Whether the model was taken out (`take_model`) and not put back.
     taken_out: bool,
+    /// Set when the optimizer state does not fit the model (`fit.rs`): steps are
+    /// refused until a fitting model is put in.
+    misfit: Option<StepError>,
     /// Registered buffers, kept alive so that their identities stay unique.
     registration: Registration<FloatTensor<G>>,
     shared_with: Option<TrainerId>,
@@ -95,13 +99,19 @@ where
     R: StepOutput<TrainBackend<G>>,
 {
     /// A trainer for `model`, updated by `optimizer`, with `step_fn` computing the loss
-    /// of one batch (or its gradients, see [`StepOutput`]). The optimizer's state is created now, so every step runs the same
-    /// ops, and the model's buffers are registered (a share with another trainer is
-    /// detected here).
+    /// of one batch (or its gradients, see [`StepOutput`]). The optimizer's state is
+    /// created now, so every step runs the same ops, and the model's buffers are
+    /// registered (a share with another trainer is detected here). An optimizer whose
+    /// state belongs to another model is kept as it is, and steps are refused with
+    /// [`StepError::OptimizerStateMismatch`] until that model is put in.
     pub fn new(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
         let device = model.devices().into_iter().next().unwrap_or_default();
         let model = with_own_state(&model);
-        optimizer.init_state(&model);
+        let misfit = fit::state_mismatch(&model, &mut optimizer);
+        if misfit.is_none() {
+            // (Left as it came otherwise, so that the model it fits can still be put in.)
+            optimizer.init_state(&model);
+        }
         let id = TrainerId::next();
         let mut trainer = Self {
             id,
@@ -112,6 +122,7 @@ where
             learner: Learner::new(model, optimizer),
             lent: Lent::default(),
             taken_out: false,
+            misfit,
             registration: Registration::new(id),
             shared_with: None,
             report: TrainerReport {
@@ -129,6 +140,9 @@ where
     pub fn step(&mut self, batch: I) -> Result<StepOutcome<R::Item>, StepError> {
         if self.taken_out {
             return Err(StepError::ModelTakenOut);
+        }
+        if let Some(misfit) = &self.misfit {
+            return Err(misfit.clone());
         }
         let checks = Instant::now();
         let inputs: Vec<AnyTensor<G>> = batch
@@ -208,8 +222,20 @@ where
     /// Puts a model back, or in: the trainer trains it from now on. On GPUs its values
     /// are copied into the pinned buffers, so graphs survive; each shape's next step
     /// then runs eagerly and must do what its graph recorded before replays resume.
+    ///
+    /// A model of another structure (other parameter shapes) starts the graphs over:
+    /// every shape warms up again. The optimizer keeps its learning rate and step count
+    /// and starts zero state for the new parameters.
     pub fn put_model(&mut self, model: M) {
         let model = with_own_state(&model);
+        if self.misfit.is_some() {
+            // A refused optimizer state may fit this model (the one it was saved with).
+            self.misfit = fit::state_mismatch(&model, self.learner.optimizer_mut());
+        }
+        let before = fit::param_shapes(self.learner.model());
+        if !fit::same_structure(&before, &fit::param_shapes(&model)) {
+            self.graphs.restart();
+        }
         self.learner.optimizer_mut().init_state(&model);
         self.graphs.put_back(&mut self.learner, model);
         self.taken_out = false;
