@@ -44,8 +44,9 @@ for line in sys.stdin:
 
 # GPU_PACK (default: all) names the binaries to build, space-separated, out of:
 # gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench
-# gpu_conformance lstm lstm-learner charlm fuzz threads (lstm, lstm-learner and charlm:
-# the examples, for the `examples` stage; fuzz and threads: the `reliability` stage). A stage whose binary is not packed fails to start.
+# gpu_conformance lstm lstm-learner charlm fuzz threads shared_embedding (lstm,
+# lstm-learner and charlm: the examples, for the `examples` stage; fuzz, threads and
+# shared_embedding: the `reliability` stage). A stage whose binary is not packed fails to start.
 pack() {
     local dest=${1:-.gpu}
     mkdir -p "$dest"
@@ -56,7 +57,7 @@ pack() {
         case $name in
         gpu_runtime | gpu_precision | gpu_capture) src=$(test_binary burn-graph-capture "$name") ;;
         gpu_trainer) src=$(test_binary integration-tests gpu_trainer) ;;
-        fuzz | threads) src=$(test_binary integration-tests "$name") ;;
+        fuzz | threads | shared_embedding) src=$(test_binary integration-tests "$name") ;;
         gpu_graph_speed) src=$(test_binary integration-tests gpu_graph_speed bench) ;;
         runtime_eager_bench)
             cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
@@ -222,7 +223,7 @@ run() {
     # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
     local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads shared_embedding; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -374,6 +375,7 @@ isolated() {
 }
 
 # Issue 14 on the GPU, side by side (isolated processes): trainers on several threads;
+# two trainers sharing an Embedding at depth;
 # the differential fuzzer on each stack (FUZZ_PROGRAMS each, default 300); and
 # FUZZ_MEMCHECK_PROGRAMS of them (default 20) under compute-sanitizer. FUZZ_TIMEOUT
 # seconds each (default 540). The fuzzer prints its progress every 50 programs.
@@ -382,6 +384,10 @@ reliability_stage() {
     local t=${FUZZ_TIMEOUT:-540} part
     isolated threads timeout "$t" "$bin/threads" --ignored --test-threads=1 --nocapture gpu:: &
     pids[threads]=$!
+    # The seed scenario at depth: two trainers sharing an Embedding, t = 64, 256, 512.
+    isolated shared-embedding timeout "$t" "$bin/shared_embedding" --ignored --test-threads=1 \
+        --nocapture gpu:: &
+    pids[shared_embedding]=$!
     for part in fused cube; do
         FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \
             --test-threads=1 --nocapture "gpu::${part}_" &
@@ -396,7 +402,7 @@ reliability_stage() {
         status[$part]=$?
     done
     grep -hE "programs matched|^test .*(ok|FAILED)$|ERROR SUMMARY|seed .* fails|panicked" \
-        "$out"/threads.log "$out"/fuzz-*.log
+        "$out"/threads.log "$out"/shared-embedding.log "$out"/fuzz-*.log
 }
 
 # Every GPU test side by side in one call (the device machine has 16 cores and the tests
