@@ -105,7 +105,11 @@ fn lr(step: usize) -> f64 {
 
 /// Batch `step` of trainer `which`: 2 sequences of `time` or `time / 2` tokens.
 fn batch<B: Backend>(which: u64, step: usize, time: usize) -> TokenBatch<B> {
-    let time = if step.is_multiple_of(2) { time } else { time / 2 };
+    let time = if step.is_multiple_of(2) {
+        time
+    } else {
+        time / 2
+    };
     TokenTask::new(which * 1000 + step as u64, VOCAB).next_batch(2, time, &Default::default())
 }
 
