@@ -493,6 +493,10 @@ cold_stage() {
     tar -czf "$out/cold-logs.tar.gz" -C "$out" cold && rm -rf "$out/cold"
 }
 
+# The examples with --compare --stock, one after another (their speeds are compared).
+# A cold machine autotunes every shape of three trainings per binary (~150 s each on
+# the H200, 2026-12-01): with EXAMPLE_WARMUP=1 each binary first runs one discarded
+# epoch side by side with the others, so the timed runs find a warm autotune cache.
 examples_stage() {
     local bin=$1 out=$2 epochs=${EXAMPLE_EPOCHS:-3}
     mkdir -p "$out/examples"
@@ -500,6 +504,16 @@ examples_stage() {
     for name in lstm lstm-learner charlm; do
         [ -x "$bin/$name" ] || { echo "$name not packed"; continue; }
     done
+    if [[ ${EXAMPLE_WARMUP:-0} == 1 ]]; then
+        (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs 1 --compare --stock \
+            --out /tmp/examples-warmup/lstm >/dev/null 2>&1) &
+        (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs 1 --fused --compare \
+            --stock --out /tmp/examples-warmup/fused >/dev/null 2>&1) &
+        (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm-learner" --epochs 1 --compare \
+            --stock --out /tmp/examples-warmup/learner >/dev/null 2>&1) &
+        wait
+        echo "examples warmed up"
+    fi
     (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --compare --stock \
         --out "$out/examples/lstm" >"$out/examples/lstm.log" 2>&1; echo "lstm rc=$?" >>"$out/examples/rc.txt")
     (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --fused --compare --stock \
