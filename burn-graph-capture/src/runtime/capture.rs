@@ -272,7 +272,30 @@ impl Drop for CudaGraphHandle {
 
 #[cfg(test)]
 mod tests {
-    use super::union_bytes;
+    use super::{CaptureWindow, StreamId, union_bytes};
+
+    #[test]
+    fn a_window_records_its_owner_and_pool_streams_only() {
+        let owner = StreamId::current();
+        let pool = crate::runtime::capture_stream();
+        let other_thread = std::thread::spawn(StreamId::current).join().unwrap();
+        let window = CaptureWindow {
+            owner: Some(owner),
+            pool: Some(pool),
+            ..CaptureWindow::default()
+        };
+        assert!(window.records(owner) && window.records(pool));
+        assert!(
+            !window.records(other_thread),
+            "another thread's work is held"
+        );
+        assert!(!window.records(crate::runtime::capture_stream()));
+        let no_pool = CaptureWindow {
+            owner: Some(owner),
+            ..CaptureWindow::default()
+        };
+        assert!(no_pool.records(owner) && !no_pool.records(pool));
+    }
 
     #[test]
     fn overlapping_views_count_once() {
