@@ -10,6 +10,7 @@
 #       last. WHAT (default "all") is one of: all, smoke, tests (= runtime + trainer),
 #       suite (every GPU test and memcheck side by side, see suite_stage),
 #       cold (issue 11: COLD_PROCS fresh-cache trainer processes side by side, see cold_stage),
+#       parallel (several stages side by side in one call, one tar of logs: parallel_stage),
 #       runtime (gpu_runtime and gpu_capture), trainer, speed, ncu, torch,
 #       perf (= speed + ncu + torch), memcheck (= memcheck-runtime, on gpu_runtime and
 #       gpu_capture, + memcheck-trainer, on gpu_trainer), bench (= perf + the eager runtime bench),
@@ -275,6 +276,9 @@ run() {
     if [[ $what == cold ]]; then
         cold_stage
     fi
+    if [[ $what == parallel ]]; then
+        parallel_stage
+    fi
     if [[ $what == examples ]]; then
         cubecl_setup
         examples_stage "$bin" "$out"
@@ -465,6 +469,34 @@ conformance_table() {
 # model through burn-train's Learner (graphed, eager, stock), and the character LM. Each
 # writes its files into $OUT/examples/<name> (tarred into examples.tar.gz), running in
 # the cubecl config directory so autotune results persist; the summary comes last.
+# Several stages side by side in one device call, each in its own output, binary and
+# cubecl folders (examples keep the default cubecl folder, so a later `run examples` on
+# the same machine finds its autotune cache warm). PARALLEL_STAGES (default: cold
+# reliability suite) and PARALLEL_TIMEOUT (480 s, each); the stages' own timeouts default
+# lower here, so every stage ends, and the logs come back as one parallel-logs.tar.gz.
+parallel_stage() {
+    local stage dirs=()
+    local -A pids
+    export COLD_TIMEOUT=${COLD_TIMEOUT:-400} FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-420} \
+        SUITE_TIMEOUT=${SUITE_TIMEOUT:-420} EXAMPLE_TIMEOUT=${EXAMPLE_TIMEOUT:-200}
+    for stage in ${PARALLEL_STAGES:-cold reliability suite}; do
+        local cubecl=/tmp/gpu-check-cubecl-$stage
+        [[ $stage == examples ]] && cubecl=${CUBECL_DIR:-/tmp/gpu-check-cubecl}
+        (OUT=$out/$stage GPU_CHECK_BIN=/tmp/gpu-check-bin-$stage CUBECL_DIR=$cubecl \
+            timeout "${PARALLEL_TIMEOUT:-480}" bash "$here/gpu-check.sh" run "$stage" \
+            >"$out/$stage.txt" 2>&1) &
+        pids[$stage]=$!
+        dirs+=("$stage" "$stage.txt")
+    done
+    for stage in "${!pids[@]}"; do
+        wait "${pids[$stage]}"
+        status[$stage]=$?
+        echo "== $stage"
+        sed -n '/==== summary/,$p' "$out/$stage.txt" | grep -E "^\|" | grep -v "^| check\|^|---"
+    done
+    tar -czf "$out/parallel-logs.tar.gz" -C "$out" "${dirs[@]}" 2>/dev/null && rm -rf "${dirs[@]/#/$out/}"
+}
+
 # Issue 11's intermittent divergence: COLD_PROCS (12) gpu_trainer processes side by side,
 # each in a directory of its own with an empty autotune cache, each running the tests
 # that COLD_FILTER (default: the fused MLP tests of inputs::) selects. Prints how many
@@ -533,5 +565,5 @@ examples_stage() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|parallel|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac
