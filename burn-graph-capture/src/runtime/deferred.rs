@@ -98,3 +98,26 @@ pub fn after_window<T: Send + 'static>(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubecl_core::future::block_on;
+
+    #[test]
+    fn a_held_call_completes_with_its_own_future_once_sent() {
+        let (reply, wait) = oneshot::channel();
+        let held = after_window::<u32>(wait);
+        let ready: DynFut<Result<u32, ServerError>> = Box::pin(async { Ok(7u32) });
+        let _ = reply.send(ready);
+        assert_eq!(block_on(held).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_held_call_the_server_dropped_is_an_error_not_a_hang() {
+        let (reply, wait) = oneshot::channel::<DynFut<Result<u32, ServerError>>>();
+        drop(reply);
+        let err = block_on(after_window(wait)).unwrap_err();
+        assert!(err.to_string().contains("capture window"), "{err}");
+    }
+}
