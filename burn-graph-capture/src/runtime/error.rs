@@ -70,6 +70,15 @@ pub(crate) fn server_err(call: &str, error: DriverError) -> ServerError {
     }
 }
 
+/// A capture error reported through a CubeCL entry point (a refused sync, a failed held
+/// replay or copy).
+pub(crate) fn capture_as_server_err(error: CaptureError) -> ServerError {
+    ServerError::Generic {
+        reason: error.to_string(),
+        backtrace: BackTrace::capture(),
+    }
+}
+
 /// A failed driver call as an [`IoError`].
 pub(crate) fn io_err(call: &str, error: DriverError) -> IoError {
     IoError::Unknown {

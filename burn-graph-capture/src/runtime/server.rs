@@ -15,7 +15,7 @@ use super::{
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
     deferred::{Deferred, after_window},
-    error::{CaptureError, launch_err, server_err},
+    error::{CaptureError, capture_as_server_err, launch_err, server_err},
     fence::Fence,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
     stream::{ServerStream, StreamMap},
@@ -228,13 +228,11 @@ impl CudaGraphServer {
 
     /// Refuses a host synchronisation inside a window: breaks it and returns the error.
     fn refuse_sync(&mut self, stream_id: StreamId, what: &'static str) -> Option<ServerError> {
-        if !self.break_window(stream_id, CaptureError::HostSync(what)) {
+        let error = CaptureError::HostSync(what);
+        if !self.break_window(stream_id, error.clone()) {
             return None;
         }
-        Some(ServerError::Generic {
-            reason: CaptureError::HostSync(what).to_string(),
-            backtrace: BackTrace::capture(),
-        })
+        Some(capture_as_server_err(error))
     }
 
     fn launch_checked(
@@ -420,10 +418,7 @@ fn staging_buffer(stream: &mut ServerStream, size: usize) -> Result<Bytes, Serve
             if let Some(window) = &mut stream.window {
                 window.break_with(error.clone());
             }
-            Err(ServerError::Generic {
-                reason: error.to_string(),
-                backtrace: BackTrace::capture(),
-            })
+            Err(capture_as_server_err(error))
         }
     }
 }
@@ -547,16 +542,16 @@ impl ComputeServer for CudaGraphServer {
 
     fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
         self.bind_context()?;
-        if self.holds(stream_id) {
+        let held = self.holds(stream_id);
+        let stream = self.streams.resolve(stream_id);
+        if held {
             // The write runs after the window: pinned if a free page has room, else
             // plain memory (new pinned pages are refused while the window is open).
-            let stream = self.streams.resolve(stream_id);
             return Ok(sizes
                 .iter()
                 .map(|size| host_buffer(stream, *size, false))
                 .collect());
         }
-        let stream = self.streams.resolve(stream_id);
         sizes
             .iter()
             .map(|size| staging_buffer(stream, *size))
@@ -826,14 +821,6 @@ fn release_now(stream: &mut ServerStream, graph: CapturedGraph) {
 
 fn capture_server_err(err: ServerError) -> CaptureError {
     CaptureError::Server(err.to_string())
-}
-
-/// A failed held replay or copy, parked for the thread that queued it.
-fn capture_as_server_err(err: CaptureError) -> ServerError {
-    ServerError::Generic {
-        reason: err.to_string(),
-        backtrace: BackTrace::capture(),
-    }
 }
 
 /// Capture windows, replay and the arena (see `capture.rs` and `arena.rs`). Reached from
