@@ -502,27 +502,24 @@ parallel_stage() {
 # that COLD_FILTER (default: the fused MLP tests of inputs::) selects. Prints how many
 # processes passed; logs in $out/cold-logs.tar.gz.
 cold_stage() {
-    local n=${COLD_PROCS:-12} i dir
-    local -a pids
-    mkdir -p "$out/cold"
+    local n=${COLD_PROCS:-12} i
+    local -a pids logs
     for ((i = 0; i < n; i++)); do
-        dir=/tmp/cold-$i
-        rm -rf "$dir" && mkdir -p "$dir/cache"
-        printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+        rm -rf "/tmp/suite-cold-$i" # empty caches are the point of this stage
         # shellcheck disable=SC2086 # COLD_FILTER is a list of filters
-        (cd "$dir" && BURN_GRAPH_CAPTURE_KERNEL_CACHE=$dir/cache/ptx timeout "${COLD_TIMEOUT:-400}" \
-            "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture \
-            ${COLD_FILTER:-inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp}) \
-            >"$out/cold/cold-$i.log" 2>&1 &
+        isolated "cold-$i" timeout "${COLD_TIMEOUT:-400}" "$bin/gpu_trainer" --ignored \
+            --test-threads=1 --nocapture \
+            ${COLD_FILTER:-inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp} &
         pids[i]=$!
+        logs+=("cold-$i.log")
     done
     local passed=0
     for ((i = 0; i < n; i++)); do
         wait "${pids[i]}" && passed=$((passed + 1))
     done
     status[cold]="$passed of $n processes passed"
-    grep -hE "^test .*(ok|FAILED)$|differ" "$out"/cold/*.log | sort | uniq -c
-    tar -czf "$out/cold-logs.tar.gz" -C "$out" cold && rm -rf "$out/cold"
+    (cd "$out" && grep -hE "^test .*(ok|FAILED)$|differ" "${logs[@]}" | sort | uniq -c)
+    tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 
 # The examples with --compare --stock, one after another (their speeds are compared).
