@@ -5,8 +5,11 @@
 //! live in the runtime's arena; `copy_into` is a device-to-device copy on the stream, which
 //! a capture window records like any launch.
 
+use std::time::{Duration, Instant};
+
 use burn_backend::TensorMetadata;
-use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
+use burn_cubecl::{CubeBackend, kernel::into_contiguous, ops::permute, tensor::CubeTensor};
+use cubecl_common::stream_id::StreamId;
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure};
 use crate::runtime::{
@@ -26,7 +29,9 @@ fn runtime_err(err: CaptureError) -> GraphError {
 
 fn failure_kind(err: &CaptureError) -> RuntimeFailure {
     match err {
-        CaptureError::AlreadyCapturing | CaptureError::NotCapturing => RuntimeFailure::WindowState,
+        CaptureError::AlreadyCapturing | CaptureError::WindowBusy | CaptureError::NotCapturing => {
+            RuntimeFailure::WindowState
+        }
         CaptureError::NeedsAllocation { .. } => RuntimeFailure::NeedsAllocation,
         CaptureError::StagingExhausted { .. } => RuntimeFailure::StagingExhausted,
         CaptureError::HostSync(_) => RuntimeFailure::HostSync,
@@ -67,11 +72,66 @@ fn value_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
     (tensor.shape().num_elements() * tensor.dtype.size()) as u64
 }
 
-fn contiguous(tensor: CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime> {
-    if tensor.is_contiguous() && tensor.is_contiguous_buffer() {
-        tensor
-    } else {
-        into_contiguous(tensor)
+/// Whether the tensor's values fill its buffer exactly, each once (a contiguous layout or
+/// a permutation of one, as a transposed weight has): its bytes can be copied as they are.
+fn dense(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
+    tensor.is_contiguous_buffer() && tensor.is_nonoverlapping()
+}
+
+/// The dimensions of a dense tensor from the slowest-varying in memory to the fastest,
+/// if its strides are exactly those of that order (size-1 dimensions go anywhere).
+fn memory_order(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<Vec<usize>> {
+    let shape: &[usize] = tensor.meta.shape();
+    order_of_strides(shape, tensor.meta.strides())
+}
+
+fn order_of_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    order.sort_by_key(|&dim| std::cmp::Reverse(strides[dim]));
+    let mut expected = 1;
+    for &dim in order.iter().rev() {
+        if shape[dim] != 1 && strides[dim] != expected {
+            return None;
+        }
+        expected *= shape[dim];
+    }
+    Some(order)
+}
+
+/// `src`'s values laid out in memory as `dst` lays out its own, in a buffer of their own
+/// (no copy when `src` already is), or `None` when `dst`'s layout is not a permutation of
+/// a contiguous one.
+fn in_layout_of(
+    src: &CubeTensor<CudaGraphRuntime>,
+    dst: &CubeTensor<CudaGraphRuntime>,
+) -> Option<CubeTensor<CudaGraphRuntime>> {
+    if dense(src) && src.meta.strides() == dst.meta.strides() {
+        return Some(src.clone());
+    }
+    let order = memory_order(dst)?;
+    // Contiguous in `order` is `dst`'s memory order.
+    Some(into_contiguous(permute(src.clone(), &order)))
+}
+
+/// How long a capture waits for another thread's window to close before it gives up
+/// (the step then runs eagerly, its reason `WindowState`). A window stays open for one
+/// step's launches, milliseconds to a second.
+const WINDOW_WAIT: Duration = Duration::from_secs(20);
+
+/// Opens a window, waiting while another thread's is open: one device records one
+/// window at a time, and a trainer on another thread must not lose its graph to that
+/// (issue 14, threads). Other errors, a nested window included, return at once.
+fn begin_when_free(device: &CudaGraphDevice, stream: StreamId) -> Result<(), CaptureError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match capture_begin_in_pool(device, stream) {
+            Err(CaptureError::WindowBusy) if start.elapsed() < WINDOW_WAIT => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -90,7 +150,7 @@ impl GraphBackend for CudaCube {
         step: impl FnOnce() -> R,
     ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
         let stream = capture_stream();
-        capture_begin_in_pool(device, stream).map_err(runtime_err)?;
+        begin_when_free(device, stream).map_err(runtime_err)?;
         let window = OpenWindow { device, open: true };
         let out = stream.executes(step);
         Ok((out, window.close()))
@@ -109,7 +169,13 @@ impl GraphBackend for CudaCube {
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         map_cube(tensor, |tensor| {
-            let tensor = contiguous(tensor);
+            // Pinned as it lies (a permuted layout stays permuted): the steps that read the
+            // pin launch the kernels, and autotune keys, that they launched before.
+            let tensor = if dense(&tensor) && memory_order(&tensor).is_some() {
+                tensor
+            } else {
+                into_contiguous(tensor)
+            };
             let bytes = value_bytes(&tensor);
             let src = tensor.handle.clone().binding();
             let device = tensor.device;
@@ -120,13 +186,14 @@ impl GraphBackend for CudaCube {
             })
             .and_then(|r| r)
             .map_err(runtime_err)?;
-            Ok(CubeTensor::new_contiguous(
-                tensor.client.clone(),
-                device,
-                tensor.shape(),
+            Ok(CubeTensor {
+                client: tensor.client.clone(),
                 handle,
-                tensor.dtype,
-            ))
+                meta: tensor.meta.clone(),
+                device,
+                dtype: tensor.dtype,
+                qparams: None,
+            })
         })
     }
 
@@ -142,12 +209,12 @@ impl GraphBackend for CudaCube {
                 src.dtype
             )));
         }
-        if !(dst.is_contiguous() && dst.is_contiguous_buffer()) {
-            return Err(GraphError::CopyMismatch(
-                "the destination is not a contiguous (pinned) buffer".into(),
-            ));
-        }
-        let src = contiguous(src.clone());
+        let src = dense(dst)
+            .then(|| in_layout_of(src, dst))
+            .flatten()
+            .ok_or_else(|| {
+                GraphError::CopyMismatch("the destination is not a dense (pinned) buffer".into())
+            })?;
         let bytes = value_bytes(&src);
         let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
         with_server(&dst.device, move |server| {
@@ -207,5 +274,21 @@ mod tests {
         ));
         let sync = runtime_err(CaptureError::HostSync("read"));
         assert_ne!(sync, first);
+    }
+
+    #[test]
+    fn memory_order_follows_the_strides_of_dense_layouts_only() {
+        assert_eq!(order_of_strides(&[2, 3], &[3, 1]), Some(vec![0, 1]));
+        // A transposed [2, 3] buffer.
+        assert_eq!(order_of_strides(&[3, 2], &[1, 3]), Some(vec![1, 0]));
+        assert_eq!(
+            order_of_strides(&[2, 3, 4], &[4, 8, 1]),
+            Some(vec![1, 0, 2])
+        );
+        // A size-1 dimension may carry any stride.
+        assert!(order_of_strides(&[2, 1, 3], &[3, 99, 1]).is_some());
+        // Gaps (a slice of a wider buffer) and broadcasts are not dense.
+        assert_eq!(order_of_strides(&[2, 3], &[4, 1]), None);
+        assert_eq!(order_of_strides(&[2, 3], &[0, 1]), None);
     }
 }

@@ -94,9 +94,7 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
         // The step runs under another stream than the one its batch was built on (a
         // target computed lazily from the inputs, say): launch the caller's queued work
-        // first, as before a capture window, so the step never runs ahead of it. A
-        // candidate fix for the open warmup divergence of issue 11 (fused stack, lazily
-        // built batches, cold autotune); not yet verified on a GPU.
+        // first, as before a capture window, so the step never runs ahead of it.
         drain::<B>(device);
         B::rehearse(device, || {
             let out = step();

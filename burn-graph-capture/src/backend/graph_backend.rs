@@ -98,9 +98,9 @@ pub trait GraphBackend:
     ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError>;
 
     /// Runs an eager step the way [`capture`](Self::capture) will run the step it
-    /// records, minus the window, so that warmup compiles and tunes exactly what the
-    /// capture will launch (a backend that records under a stream of its own warms up
-    /// under a stream of its own too).
+    /// records, minus the window, so that the last warmup step compiles and tunes
+    /// exactly what the capture will launch (a backend that records under a stream of
+    /// its own rehearses under a stream of its own too).
     fn rehearse<R>(_device: &Self::Device, step: impl FnOnce() -> R) -> R {
         step()
     }

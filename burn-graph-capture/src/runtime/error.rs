@@ -101,9 +101,13 @@ pub(crate) fn launch_err(call: &str, error: DriverError) -> LaunchError {
 /// window recorded has run, and the stream is usable for eager work (I5).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaptureError {
-    /// `capture_begin` while a window is open on this server.
+    /// `capture_begin` while this thread's own window is open (nested capture).
     #[error("a capture window is already open on this device")]
     AlreadyCapturing,
+    /// `capture_begin` while another thread's window is open: it closes when that thread's
+    /// step ends, so the caller may wait and try again.
+    #[error("another thread's capture window is open on this device")]
+    WindowBusy,
     /// `capture_end` (or a replay that needs none) without an open window.
     #[error("no capture window is open on this device")]
     NotCapturing,

@@ -844,8 +844,12 @@ impl CudaGraphServer {
     /// stream (see `graph_pool.rs`); the caller runs the step under it.
     pub fn capture_begin(&mut self, pool: Option<StreamId>) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
-        if self.main_stream().capturing() {
-            return Err(CaptureError::AlreadyCapturing);
+        if let Some(window) = &self.main_stream().window {
+            return Err(if window.owner == Some(StreamId::current()) {
+                CaptureError::AlreadyCapturing
+            } else {
+                CaptureError::WindowBusy
+            });
         }
         let errors = self.take_errors(StreamId::current());
         if !errors.is_empty() {

@@ -145,6 +145,11 @@ impl<G: Recorded> GraphCache<G> {
         verdict
     }
 
+    /// Whether the next step of `key` is its last warmup step (the one before capture).
+    pub(crate) fn last_warmup(&self, key: &InputKey) -> bool {
+        matches!(self.entries.get(key), Some(Phase::Warming { done, .. }) if done + 1 >= self.warmup_steps)
+    }
+
     /// What the warmup steps of `key` did, once it is ready for capture.
     pub(crate) fn warmed_up(&self, key: &InputKey) -> Option<&Observation> {
         match self.entries.get(key) {

@@ -104,6 +104,36 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.pins.is_some()
     }
 
+    /// Before the last warmup step of `key` on a device with graphs: pins the model and
+    /// optimizer state and returns pinned copies of the inputs, so that this eager step
+    /// runs on the buffers, layouts and strides the capture will see. Any kernel or
+    /// autotuned choice the capture needs is then compiled and tuned by this step, never
+    /// inside the window (where a first compile or an autotune benchmark would break the
+    /// capture). `None` when this is not that step, or pinning failed (the capture then
+    /// pins, and reports the failure).
+    pub(crate) fn rehearsal_inputs<M, O>(
+        &mut self,
+        learner: &mut Learner<M, O>,
+        key: &InputKey,
+        inputs: &[AnyTensor<G>],
+        device: &G::Device,
+    ) -> Option<Vec<AnyTensor<G>>>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        if !G::supports_hardware_graphs(device) || !self.cache.last_warmup(key) {
+            return None;
+        }
+        self.ensure_pinned(learner).ok()?;
+        inputs
+            .iter()
+            .cloned()
+            .map(G::pin)
+            .collect::<Result<_, _>>()
+            .ok()
+    }
+
     /// Records a warmup step of `key`; returns the reason if it disabled the shape.
     pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
         self.cache.warmed(key, step)
@@ -192,14 +222,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             .map(G::pin)
             .collect::<Result<Vec<_>, _>>()
             .map_err(shape_error)?;
-        let static_batch = batch.with_tensors(
-            &mut static_inputs
-                .iter()
-                .cloned()
-                .map(AnyTensor::<GraphCapture<G>>::from_inner)
-                .collect::<Vec<_>>()
-                .into_iter(),
-        );
+        let static_batch = on_inputs(batch, &static_inputs);
         let pins = self.pins.as_ref().expect("pinned above");
         let accounted = Accounted::new(
             pins.allocations()
@@ -412,4 +435,19 @@ where
         },
     );
     failed.map_or(Ok(()), Err)
+}
+
+/// `batch` with its tensors replaced by `inputs` (the same kinds and shapes, in order).
+pub(crate) fn on_inputs<G, I>(batch: &I, inputs: &[AnyTensor<G>]) -> I
+where
+    G: GraphBackend,
+    I: StepInput<TrainBackend<G>>,
+{
+    let mut tensors = inputs
+        .iter()
+        .cloned()
+        .map(AnyTensor::<GraphCapture<G>>::from_inner)
+        .collect::<Vec<_>>()
+        .into_iter();
+    batch.with_tensors(&mut tensors)
 }

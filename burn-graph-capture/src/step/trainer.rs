@@ -12,7 +12,7 @@ use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
-use super::graphed::{Fallback, Graphs};
+use super::graphed::{Fallback, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
@@ -165,7 +165,16 @@ where
         self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;
         let (output, mode) = match plan {
             Plan::Warmup => {
-                let (output, observed) = self.observed_step(&batch, &inputs)?;
+                let rehearsal =
+                    self.graphs
+                        .rehearsal_inputs(&mut self.learner, &key, &inputs, &self.device);
+                let (output, observed) = match rehearsal {
+                    Some(pinned) => {
+                        self.register_buffers();
+                        self.observed_step(&on_inputs(&batch, &pinned), &pinned, false)?
+                    }
+                    None => self.observed_step(&batch, &inputs, false)?,
+                };
                 let reason = self.graphs.warmed(&key, observed);
                 (
                     output,
@@ -173,7 +182,7 @@ where
                 )
             }
             Plan::Verify => {
-                let (output, observed) = self.observed_step(&batch, &inputs)?;
+                let (output, observed) = self.observed_step(&batch, &inputs, true)?;
                 let reason = self.graphs.verified(&key, observed);
                 (
                     output,
@@ -286,17 +295,28 @@ where
 
     /// An eager step inside a capture session: what it did, as the graph cache judges
     /// it. The trainer accounts for its own tensors as they are before the step.
+    /// `rehearse` runs it as the capture will run its step (`GraphBackend::rehearse`),
+    /// for verifying steps. Warmup steps run on the caller's stream, as plain eager code
+    /// does: on the fused stack, a step run under another stream whose kernels autotune
+    /// for the first time rounded differently from plain eager training (issue 11, cold
+    /// autotune caches: 3 of 6 processes diverged that way, 0 of 6 with warmup on the
+    /// caller's stream; bench/results/gpu-diagnosis-2026-12-01-s8.md).
     fn observed_step(
         &mut self,
         batch: &I,
         inputs: &[AnyTensor<G>],
+        rehearse: bool,
     ) -> Result<(R::Item, Observation), StepError> {
         let accounted = self
             .graphs
             .owned(&mut self.learner)
             .with(inputs.iter().map(AnyTensor::allocation_id));
         let device = self.device.clone();
-        let (output, recording) = G::rehearse(&device, || self.eager_step(batch, true))?;
+        let (output, recording) = if rehearse {
+            G::rehearse(&device, || self.eager_step(batch, true))?
+        } else {
+            self.eager_step(batch, true)?
+        };
         let recording = recording.unwrap_or_default();
         let observed = Observation {
             signature: recording.signature,

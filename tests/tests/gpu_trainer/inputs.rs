@@ -454,6 +454,22 @@ fn regression<G: Stack>(step: usize) -> Regression<B<G>> {
     Regression::new(step, 16, &device())
 }
 
+/// Prints the first step's loss of both runs next to the CPU's from the same weights:
+/// when a graphed run and its eager reference disagree, this says which one is off.
+fn print_first_losses(case: &str, graphed: &Run, eager: &Run, cpu: f32) {
+    println!(
+        "[{case}] step-0 loss: graphed {} eager {} cpu {cpu} (rel to cpu: {:.2e}, {:.2e})",
+        graphed.losses[0],
+        eager.losses[0],
+        ((graphed.losses[0] - cpu) / cpu).abs(),
+        ((eager.losses[0] - cpu) / cpu).abs(),
+    );
+}
+
+fn cpu_regression(step: usize) -> Regression<burn::backend::Flex> {
+    Regression::new(step, 16, &Default::default())
+}
+
 /// BatchNorm: graphs; losses, parameters, running statistics and `valid()` outputs
 /// equal eager training.
 fn batch_norm_graphs_and_equals_eager<G: Stack>() {
@@ -464,6 +480,8 @@ fn batch_norm_graphs_and_equals_eager<G: Stack>() {
     let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
     assert_warmup_capture_replay(&graphed_run.modes);
     let (eager_run, eager_model) = eager(model(), steps, regression::<G>, loss, |m| m);
+    let cpu = fresh.loss(&cpu_regression(0)).into_scalar();
+    print_first_losses(&case::<G>("batchnorm mlp"), &graphed_run, &eager_run, cpu);
     check(&case::<G>("batchnorm mlp"), &graphed_run, &eager_run);
     let trained = trainer.model().expect("model");
     assert_eq!(
@@ -507,6 +525,8 @@ fn tied_weights_graph_and_equal_eager<G: Stack>() {
             m
         },
     );
+    let cpu = fresh.loss(&cpu_regression(0)).into_scalar();
+    print_first_losses(&case::<G>("tied mlp"), &graphed_run, &eager_run, cpu);
     check(&case::<G>("tied mlp"), &graphed_run, &eager_run);
 }
 
