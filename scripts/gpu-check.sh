@@ -389,14 +389,25 @@ reliability_stage() {
     isolated threads timeout "$t" "$bin/threads" --ignored --test-threads=1 --nocapture gpu:: &
     pids[threads]=$!
     # The seed scenario at depth: two trainers sharing an Embedding, t = 64, 256, 512.
-    isolated shared-embedding timeout "$t" "$bin/shared_embedding" --ignored --test-threads=1 \
-        --nocapture gpu:: &
-    pids[shared_embedding]=$!
+    for part in fused cube; do
+        isolated "shared-embedding-$part" timeout "$t" "$bin/shared_embedding" --ignored \
+            --test-threads=1 --nocapture "gpu::${part}_" &
+        pids[shared_embedding_$part]=$!
+    done
     for part in fused cube; do
         FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \
             --test-threads=1 --nocapture "gpu::${part}_" &
         pids[fuzz_$part]=$!
     done
+    # FUZZ_TRACE_SEED: that one program again on each stack, every event of both runs
+    # printed (where a failing seed's runs part).
+    if [[ -n ${FUZZ_TRACE_SEED:-} ]]; then
+        for part in fused cube; do
+            FUZZ_TRACE=1 FUZZ_SEED=$FUZZ_TRACE_SEED FUZZ_PROGRAMS=1 isolated "fuzz-trace-$part" \
+                timeout "$t" "$bin/fuzz" --ignored --test-threads=1 --nocapture "gpu::${part}_" &
+            pids[fuzz_trace_$part]=$!
+        done
+    fi
     FUZZ_PROGRAMS=${FUZZ_MEMCHECK_PROGRAMS:-20} isolated fuzz-memcheck timeout "$t" compute-sanitizer \
         --tool memcheck --error-exitcode 17 --print-limit 20 "$bin/fuzz" --ignored --test-threads=1 \
         --nocapture gpu::fused_ &
@@ -406,7 +417,7 @@ reliability_stage() {
         status[$part]=$?
     done
     grep -hE "programs matched|^test .*(ok|FAILED)$|ERROR SUMMARY|seed .* fails|panicked" \
-        "$out"/threads.log "$out"/shared-embedding.log "$out"/fuzz-*.log
+        "$out"/threads.log "$out"/shared-embedding-*.log "$out"/fuzz-*.log
 }
 
 # Every GPU test side by side in one call (the device machine has 16 cores and the tests
@@ -500,7 +511,8 @@ parallel_stage() {
 # Issue 11's intermittent divergence: COLD_PROCS (12) gpu_trainer processes side by side,
 # each in a directory of its own with an empty autotune cache, each running the tests
 # that COLD_FILTER (default: the fused MLP tests of inputs::) selects. Prints how many
-# processes passed; logs in $out/cold-logs.tar.gz.
+# processes passed and each process's first losses next to the CPU's; logs in
+# $out/cold-logs.tar.gz.
 cold_stage() {
     local n=${COLD_PROCS:-12} i
     local -a pids logs
@@ -519,6 +531,7 @@ cold_stage() {
     done
     status[cold]="$passed of $n processes passed"
     (cd "$out" && grep -hE "^test .*(ok|FAILED)$|differ" "${logs[@]}" | sort | uniq -c)
+    (cd "$out" && grep -H "step-0 loss" "${logs[@]}")
     tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 
