@@ -389,10 +389,11 @@ reliability_stage() {
     isolated threads timeout "$t" "$bin/threads" --ignored --test-threads=1 --nocapture gpu:: &
     pids[threads]=$!
     # The seed scenario at depth: two trainers sharing an Embedding, t = 64, 256, 512.
-    for part in fused cube; do
+    for part in fused_pairs_sharing_an fused_pairs_sharing_nothing cube_pairs_sharing_an \
+        cube_pairs_sharing_nothing; do
         isolated "shared-embedding-$part" timeout "$t" "$bin/shared_embedding" --ignored \
-            --test-threads=1 --nocapture "gpu::${part}_" &
-        pids[shared_embedding_$part]=$!
+            --test-threads=1 --nocapture "gpu::${part}" &
+        pids[$part]=$!
     done
     for part in fused cube; do
         FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \

@@ -574,7 +574,56 @@ fn eager_mlp_training_is_deterministic<G: Stack>() {
     }
 }
 
+/// Bisects issue 11's cold divergence (run first in a fresh process, as the `cold` stage
+/// of `scripts/gpu-check.sh` does with `COLD_FILTER=inputs::fused::first_steps`): the
+/// trainer's first steps with capture off (no session, no pins: `Learner::train`, the
+/// write-back and buffer registration only), then with capture on (warmup steps), each
+/// against plain eager code from the same weights. Plain eager code run twice from a
+/// cold cache is bit-exact (session 8, call 4); a difference here names what the trainer
+/// adds around the step.
+fn first_steps_equal_plain_eager<G: Stack>() {
+    let steps = 4;
+    let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
+    let model = || {
+        let mut model = on_gpu::<G, _, _>(fresh.clone(), TiedMlp::new(&device()));
+        model.retie();
+        model
+    };
+    let loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    let retie = |mut m: TiedMlp<B<G>>| {
+        m.retie();
+        m
+    };
+    let mut differences = Vec::new();
+    for capture in [false, true] {
+        let mut trainer = GraphTrainer::new(
+            model(),
+            adam::<G>(),
+            loss,
+            GraphTrainerConfig::new().with_capture(capture),
+        );
+        let mut graphed = Vec::new();
+        for step in 0..steps {
+            trainer.set_lr(lr_at(LR, step));
+            let outcome = trainer.step(regression::<G>(step)).expect("step");
+            graphed.push(outcome.output.into_scalar().elem::<f32>());
+        }
+        let (plain, _) = eager(model(), steps, regression::<G>, loss, retie);
+        let first = first_difference(&graphed, &plain.losses);
+        println!(
+            "capture {capture}: trainer {graphed:?}, plain {:?}, first difference {first:?}",
+            plain.losses
+        );
+        differences.push((capture, first));
+    }
+    assert!(
+        differences.iter().all(|(_, first)| first.is_none()),
+        "first differences (capture off, on): {differences:?}"
+    );
+}
+
 stack_tests!(
+    first_steps_equal_plain_eager,
     eager_mlp_training_is_deterministic,
     trainer_lends_back_its_model_unchanged,
     token_model_graphs_and_equals_eager,
