@@ -57,7 +57,8 @@ pack() {
     for name in $wanted; do
         case $name in
         gpu_runtime | gpu_precision | gpu_capture) src=$(test_binary burn-graph-capture "$name") ;;
-        gpu_trainer) src=$(test_binary integration-tests gpu_trainer) ;;
+        # With the fault-injection hooks (armed only by its `faults::` tests).
+        gpu_trainer) src=$(test_binary integration-tests gpu_trainer test "cuda fault-injection") ;;
         fuzz | threads | shared_embedding) src=$(test_binary integration-tests "$name") ;;
         gpu_graph_speed) src=$(test_binary integration-tests gpu_graph_speed bench) ;;
         runtime_eager_bench)
@@ -426,7 +427,8 @@ reliability_stage() {
 # compute-sanitizer memcheck at a tenth (GPU_TRAINER_SHORT), gpu_capture with and without
 # the sanitizer, and gpu_runtime. Each process runs in a directory of its own, with its
 # own cubecl.toml, so that no two write one autotune cache.
-#   SUITE_PARTS     trainer modules at full length (default: inputs correctness guards memory)
+#   SUITE_PARTS     trainer modules at full length (default: inputs correctness guards memory;
+#                   also faults, fused_lstm)
 #   SUITE_MEMCHECK  trainer modules under memcheck (default: the same four)
 #   SUITE_RUNTIME   1 (default) to run gpu_runtime too; SUITE_TIMEOUT seconds each (560)
 suite_stage() {

@@ -17,6 +17,8 @@
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
 //! - [`capture`]: capture windows, graph retention, replay and release;
 //! - `deferred`: other threads' work held while a window is open;
+//! - [`fault`]: failures injected at each stage of a graph's life (tests, feature
+//!   `fault-injection`);
 //! - [`arena`]: the pool of pinned tensors (fixed addresses);
 //! - [`error`]: typed errors.
 //!
@@ -39,6 +41,7 @@ mod deferred;
 pub mod device;
 mod environment;
 pub mod error;
+pub mod fault;
 mod fence;
 pub mod graph_pool;
 mod init;

@@ -10,6 +10,7 @@
 //! `flush`, like stock cubecl-cuda. Kernel launch and compile errors during an autotune
 //! profile go to the profiler instead, so a failing candidate does not poison the stream.
 
+use super::fault::{self, FaultStage};
 use super::{
     capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
@@ -562,6 +563,11 @@ impl ComputeServer for CudaGraphServer {
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
+        let recorded =
+            matches!(&self.streams.resolve(stream_id).window, Some(w) if w.records(stream_id));
+        if recorded && fault::trip(FaultStage::WindowAllocation) {
+            self.break_window(stream_id, CaptureError::NeedsAllocation { bytes: size });
+        }
         let stream = self.streams.resolve(stream_id);
         let cursor = stream.tick();
         // Handles are created on the caller's stream, so `stream_id` names their pool.
@@ -873,9 +879,12 @@ impl CudaGraphServer {
         set_window_flags(stream, pool, true);
         // "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: ... potentially unsafe API calls are
         // prohibited only from this thread": the worker thread is the only one that records.
-        if let Err(err) =
+        let begun = if fault::trip(FaultStage::CaptureBegin) {
+            Err(fault::injected_driver_error())
+        } else {
             cuda_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        {
+        };
+        if let Err(err) = begun {
             set_window_flags(stream, pool, false);
             if let Some(pool) = pool {
                 stream.graph_pools.retire(&pool);
@@ -913,6 +922,11 @@ impl CudaGraphServer {
             return Err(CaptureError::NotCapturing);
         };
         let ended = stream.stream.end_capture(CUgraphInstantiate_flags(0));
+        // Injected: the stream has left capture mode; what it recorded is dropped.
+        let ended = match ended {
+            Ok(_) if fault::trip(FaultStage::EndInstantiate) => Err(fault::injected_driver_error()),
+            ended => ended,
+        };
         set_window_flags(stream, window.pool, false);
         let graph = match (window.broken.take(), ended) {
             (Some(err), _) => Err(err),
@@ -921,10 +935,16 @@ impl CudaGraphServer {
                 err,
             )),
             (None, Ok(None)) => Err(CaptureError::Unsupported("a window that recorded no work")),
-            (None, Ok(Some(graph))) => graph
-                .upload()
-                .map(|()| graph)
-                .map_err(|err| CaptureError::driver("cuGraphUpload", err)),
+            (None, Ok(Some(graph))) => {
+                let uploaded = if fault::trip(FaultStage::Upload) {
+                    Err(fault::injected_driver_error())
+                } else {
+                    graph.upload()
+                };
+                uploaded
+                    .map(|()| graph)
+                    .map_err(|err| CaptureError::driver("cuGraphUpload", err))
+            }
         };
         // Work deferred by the window runs now.
         for deferred in window.deferred_releases.drain(..) {
@@ -986,6 +1006,12 @@ impl CudaGraphServer {
             return Err(CaptureError::Unsupported("replaying a graph"));
         }
         let graph = self.graphs.get(&id).ok_or(CaptureError::UnknownGraph(id))?;
+        if fault::trip(FaultStage::ReplayLaunch) {
+            return Err(CaptureError::driver(
+                "cuGraphLaunch",
+                fault::injected_driver_error(),
+            ));
+        }
         graph
             .graph
             .launch()
@@ -1047,6 +1073,11 @@ impl CudaGraphServer {
         if recording && stream.capturing() {
             return Err(CaptureError::Unsupported("allocating in the arena"));
         }
+        if fault::trip(FaultStage::Pin) {
+            return Err(CaptureError::Server(format!(
+                "injected: the arena could not allocate {size} bytes"
+            )));
+        }
         let handle = Handle::new(super::arena::ARENA_STREAM, size);
         let reserved = stream
             .arena
@@ -1094,6 +1125,13 @@ impl CudaGraphServer {
             )));
         }
         if bytes == 0 {
+            return Ok(());
+        }
+        if !held && stream.capturing() && fault::trip(FaultStage::CopyBack) {
+            self.break_window(
+                caller,
+                CaptureError::Server("injected: a recorded device copy failed".into()),
+            );
             return Ok(());
         }
         if held {

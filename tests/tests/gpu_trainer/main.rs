@@ -9,6 +9,8 @@
 //! - `memory`: device memory in use is flat over 1,000 replays;
 //! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,
 //!   snapshots, BatchNorm and tied weights;
+//! - `faults` (feature `fault-injection`): issue 14's injected failures, one per stage of
+//!   a graph's life;
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
 //!   eager training.
 //!
@@ -44,6 +46,8 @@ macro_rules! stack_tests {
 
 mod common;
 mod correctness;
+#[cfg(feature = "fault-injection")]
+mod faults;
 mod fused_lstm;
 mod guards;
 mod inputs;
