@@ -10,7 +10,9 @@
 //! - `environment`: finds libcuda, NVRTC and the toolkit headers;
 //! - [`properties`]: which compute capability enables which CubeCL feature;
 //! - `init`: builds a server (context, stream, pools, compiler);
-//! - `server`: the `ComputeServer`;
+//! - `server`: the `ComputeServer` (`server/mod.rs`), its kernel launches (`launch`), the
+//!   stream's staging, reads and binding resolution (`stream_io`) and the capture API
+//!   (`graphs`: windows, replays, releases, the arena, device copies);
 //! - `stream`: the one CUDA stream every `StreamId` maps to;
 //! - `storage`: device and pinned pages for the pools;
 //! - `compile`: NVRTC compilation and the kernel cache;

@@ -1,0 +1,515 @@
+//! `CudaGraphServer`: the CubeCL `ComputeServer` of this runtime.
+//!
+//! One server per device runs on CubeCL's device worker thread. It owns the CUDA stream
+//! (through [`StreamMap`]), the memory pools, the kernel cache and the profiler. Every
+//! trait entry point binds the primary context to the calling thread first, because
+//! cudarc's raw `result` calls (launch, copies, stream-ordered allocation) do not.
+//!
+//! Asynchronous entry points (`launch`, `write`, `initialize_memory`) cannot return
+//! errors; theirs are parked on the stream and returned by the next `sync`, `read` or
+//! `flush`, like stock cubecl-cuda. Kernel launch and compile errors during an autotune
+//! profile go to the profiler instead, so a failing candidate does not poison the stream.
+
+use super::fault::{self, FaultStage};
+use super::{
+    capture::{CaptureWindow, CapturedGraph, GraphInfo},
+    compile::{CudaGraphCompiler, KernelCache},
+    copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
+    deferred::{Deferred, after_window},
+    error::{CaptureError, capture_as_server_err, launch_err, server_err},
+    fence::Fence,
+    storage::{GpuResource, GpuStorage, PinnedStagingController},
+    stream::{ServerStream, StreamMap},
+};
+use cubecl_common::{
+    backtrace::BackTrace,
+    bytes::{AllocationProperty, Bytes},
+    profile::ProfileDuration,
+    stream_id::StreamId,
+};
+use cubecl_core::{
+    future::{self, DynFut},
+    server::{
+        Binding, CopyDescriptor, CubeCount, ExecutionMode, Handle, IoError, KernelArguments,
+        LaunchError, ProfileError, ProfilingToken, ServerCommunication, ServerError,
+        ServerUtilities,
+    },
+};
+use cubecl_runtime::{
+    allocator::PitchedMemoryLayoutPolicy,
+    compiler::CubeTask,
+    logging::ServerLogger,
+    memory_management::{ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage},
+    server::ComputeServer,
+    storage::{ComputeStorage, ManagedResource},
+    timestamp_profiler::TimestampProfiler,
+};
+use cudarc::driver::{
+    CudaContext, result,
+    sys::{CUgraphInstantiate_flags, CUstreamCaptureMode},
+};
+use std::{collections::HashMap, ffi::c_void, sync::Arc};
+
+mod graphs;
+mod launch;
+mod stream_io;
+
+/// The compute server of [`CudaGraphRuntime`](super::CudaGraphRuntime).
+#[derive(Debug)]
+pub struct CudaGraphServer {
+    ctx: Arc<CudaContext>,
+    streams: StreamMap,
+    kernels: KernelCache,
+    timestamps: TimestampProfiler,
+    logger: Arc<ServerLogger>,
+    utilities: Arc<ServerUtilities<Self>>,
+    /// Instantiated graphs by id, with what each retains (see `capture.rs`).
+    graphs: HashMap<u64, CapturedGraph>,
+    next_graph: u64,
+    /// Other streams' work held while a window is open (see `deferred.rs`).
+    deferred: Vec<Deferred>,
+}
+
+impl CudaGraphServer {
+    pub(crate) fn new(
+        ctx: Arc<CudaContext>,
+        stream: ServerStream,
+        kernels: KernelCache,
+        utilities: ServerUtilities<Self>,
+    ) -> Self {
+        Self {
+            ctx,
+            streams: StreamMap::new(stream),
+            kernels,
+            timestamps: TimestampProfiler::default(),
+            logger: utilities.logger.clone(),
+            utilities: Arc::new(utilities),
+            graphs: HashMap::new(),
+            next_graph: 0,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// The context this server runs in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The server's stream state for `stream_id` (always the same CUDA stream).
+    pub fn stream(&mut self, stream_id: StreamId) -> &mut ServerStream {
+        self.streams.resolve(stream_id)
+    }
+
+    /// Number of kernels compiled by this server so far.
+    pub fn compiled_kernels(&self) -> usize {
+        self.kernels.compiled_count()
+    }
+
+    fn bind_context(&self) -> Result<(), ServerError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|err| server_err("cuCtxSetCurrent", err))
+    }
+
+    /// Whether a window is open that does not record `stream_id`'s work: that work is
+    /// held until the window closes (see `deferred.rs`).
+    fn holds(&mut self, stream_id: StreamId) -> bool {
+        matches!(&self.streams.resolve(stream_id).window, Some(window) if !window.records(stream_id))
+    }
+
+    /// Runs the work held during the window that just closed, in submission order, each
+    /// call under the stream id that submitted it. Errors are parked as for any call.
+    fn run_deferred(&mut self) {
+        for work in std::mem::take(&mut self.deferred) {
+            work.stream_id().executes(|| match work {
+                Deferred::Launch {
+                    kernel,
+                    count,
+                    args,
+                    mode,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.launch_checked(kernel, count, args, mode, stream_id) {
+                        self.park(stream_id, err);
+                    }
+                }
+                Deferred::Write {
+                    descriptors,
+                    stream_id,
+                } => self.write(descriptors, stream_id),
+                Deferred::Read {
+                    descriptors,
+                    stream_id,
+                    reply,
+                } => {
+                    // A reader that stopped waiting is no error.
+                    let _ = reply.send(self.read(descriptors, stream_id));
+                }
+                Deferred::Sync { stream_id, reply } => {
+                    let _ = reply.send(self.sync(stream_id));
+                }
+                Deferred::Replay { id, stream_id } => {
+                    if let Err(err) = self.replay(id) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+                Deferred::Copy {
+                    src,
+                    dst,
+                    bytes,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.copy_device(src, dst, bytes) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+            });
+        }
+    }
+
+    /// Takes the errors parked on the stream. When there were some, profiles in flight are
+    /// marked wrong and the pools drop their free pages (as after any failure).
+    fn take_errors(&mut self, stream_id: StreamId) -> Vec<ServerError> {
+        let stream = self.streams.resolve(stream_id);
+        let errors = core::mem::take(&mut stream.errors);
+        if !errors.is_empty() {
+            stream.gpu.cleanup(false);
+            self.timestamps.error(ProfileError::Unknown {
+                reason: format!("{errors:?}"),
+                backtrace: BackTrace::capture(),
+            });
+        }
+        errors
+    }
+
+    /// Binds the context and fails with the parked errors, if any: the entry for calls
+    /// whose caller waits on the result (`read`, `sync`, `flush`).
+    fn enter_checked(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        self.bind_context()?;
+        let errors = self.take_errors(stream_id);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ServerError::ServerUnhealthy {
+                errors,
+                backtrace: BackTrace::capture(),
+            })
+        }
+    }
+
+    /// Parks an error of an asynchronous call on the stream; inside a capture window it
+    /// breaks the window instead (the window reports it at `capture_end`).
+    fn park(&mut self, stream_id: StreamId, error: ServerError) {
+        let stream = self.streams.resolve(stream_id);
+        let refused = stream.gpu.storage().refused_bytes();
+        let refused = refused.or(stream.arena.storage().refused_bytes());
+        let pool = stream.window.as_ref().and_then(|window| window.pool);
+        let refused = refused.or_else(|| {
+            let pool = stream.graph_pools.get_mut(&pool?)?;
+            pool.storage().refused_bytes()
+        });
+        match &mut stream.window {
+            Some(window) if window.records(stream_id) => window.break_with(match refused {
+                Some(bytes) => CaptureError::NeedsAllocation { bytes },
+                None => CaptureError::Server(error.to_string()),
+            }),
+            _ => stream.errors.push(error),
+        }
+    }
+
+    /// Breaks the open window (if any) with `error`; returns whether one was open.
+    fn break_window(&mut self, stream_id: StreamId, error: CaptureError) -> bool {
+        match &mut self.streams.resolve(stream_id).window {
+            Some(window) => {
+                window.break_with(error);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Refuses a host synchronisation inside a window: breaks it and returns the error.
+    fn refuse_sync(&mut self, stream_id: StreamId, what: &'static str) -> Option<ServerError> {
+        let error = CaptureError::HostSync(what);
+        if !self.break_window(stream_id, error.clone()) {
+            return None;
+        }
+        Some(capture_as_server_err(error))
+    }
+
+    fn read_now(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream_id: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let stream = self.streams.resolve(stream_id);
+        let mut outputs = Vec::with_capacity(descriptors.len());
+        let mut keep_alive = Vec::with_capacity(descriptors.len());
+        for descriptor in descriptors {
+            match stream.read_one(descriptor) {
+                Ok((bytes, binding)) => {
+                    outputs.push(bytes);
+                    keep_alive.push(binding);
+                }
+                Err(err) => return Box::pin(async move { Err(err.into()) }),
+            }
+        }
+        let fence = stream.fence();
+        Box::pin(async move {
+            let waited = fence.wait();
+            drop(keep_alive);
+            waited?;
+            Ok(outputs)
+        })
+    }
+}
+
+impl ComputeServer for CudaGraphServer {
+    type Kernel = Box<dyn CubeTask<CudaGraphCompiler>>;
+    type Storage = GpuStorage;
+    type MemoryLayoutPolicy = PitchedMemoryLayoutPolicy;
+    type Info = ();
+
+    fn logger(&self) -> Arc<ServerLogger> {
+        self.logger.clone()
+    }
+
+    fn utilities(&self) -> Arc<ServerUtilities<Self>> {
+        self.utilities.clone()
+    }
+
+    fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
+        self.bind_context()?;
+        let held = self.holds(stream_id);
+        let stream = self.streams.resolve(stream_id);
+        if held {
+            // The write runs after the window: pinned if a free page has room, else
+            // plain memory (new pinned pages are refused while the window is open).
+            return Ok(sizes
+                .iter()
+                .map(|size| stream.host_buffer(*size, false))
+                .collect());
+        }
+        sizes
+            .iter()
+            .map(|size| stream.staging_buffer(*size))
+            .collect()
+    }
+
+    fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
+        if let Err(err) = self.bind_context() {
+            return self.park(stream_id, err);
+        }
+        let recorded =
+            matches!(&self.streams.resolve(stream_id).window, Some(w) if w.records(stream_id));
+        if recorded && fault::trip(FaultStage::WindowAllocation) {
+            self.break_window(stream_id, CaptureError::NeedsAllocation { bytes: size });
+        }
+        let stream = self.streams.resolve(stream_id);
+        let cursor = stream.tick();
+        // Handles are created on the caller's stream, so `stream_id` names their pool.
+        let pool = stream.pool_for(&stream_id);
+        let bound = pool
+            .reserve(size)
+            .and_then(|reserved| pool.bind(reserved, memory, cursor));
+        if let Err(err) = bound {
+            self.park(stream_id, err.into());
+        }
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream_id: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        if self.holds(stream_id) {
+            let (reply, wait) = oneshot::channel();
+            self.deferred.push(Deferred::Read {
+                descriptors,
+                stream_id,
+                reply,
+            });
+            return after_window(wait);
+        }
+        if let Some(err) = self.refuse_sync(stream_id, "read") {
+            return Box::pin(async move { Err(err) });
+        }
+        if let Err(err) = self.enter_checked(stream_id) {
+            return Box::pin(async move { Err(err) });
+        }
+        self.read_now(descriptors, stream_id)
+    }
+
+    fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        if self.holds(stream_id) {
+            self.deferred.push(Deferred::Write {
+                descriptors,
+                stream_id,
+            });
+            return;
+        }
+        if let Err(err) = self.bind_context() {
+            return self.park(stream_id, err);
+        }
+        for (descriptor, data) in descriptors {
+            let stream = self.streams.resolve(stream_id);
+            if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+                return;
+            }
+            let written = (|| -> Result<(), IoError> {
+                let plan = plan_copy(&descriptor.shape, &descriptor.strides, descriptor.elem_size)?;
+                let target = stream.resource(descriptor.handle.clone())?;
+                if let Some(window) = &mut stream.window {
+                    window
+                        .retention
+                        .keep(descriptor.handle, target.ptr, target.size);
+                }
+                // File-backed bytes are not addressable memory: stage them first. Inside a
+                // window every source must be pinned (pageable copies cannot be captured).
+                let data = match data.property() {
+                    AllocationProperty::File => {
+                        let mut pinned = stream.host_buffer(data.len(), true);
+                        data.copy_into(&mut pinned);
+                        pinned
+                    }
+                    AllocationProperty::Pinned => data,
+                    _ if stream.capturing() => {
+                        let mut pinned =
+                            stream
+                                .staging_buffer(data.len())
+                                .map_err(|err| IoError::Unknown {
+                                    description: err.to_string(),
+                                    backtrace: BackTrace::capture(),
+                                })?;
+                        pinned.copy_from_slice(&data);
+                        pinned
+                    }
+                    _ => data,
+                };
+                // SAFETY: `target` covers the tensor; `data` stays alive in the drop queue
+                // until a fence behind this copy.
+                unsafe { copy_to_device(plan, &data, target.ptr, stream.stream.cu_stream())? };
+                stream.release_staging(data);
+                Ok(())
+            })();
+            if let Err(err) = written {
+                return self.park(stream_id, err.into());
+            }
+        }
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: Self::Kernel,
+        count: CubeCount,
+        bindings: KernelArguments,
+        mode: ExecutionMode,
+        stream_id: StreamId,
+    ) {
+        if self.holds(stream_id) {
+            self.deferred.push(Deferred::Launch {
+                kernel,
+                count,
+                args: bindings,
+                mode,
+                stream_id,
+            });
+            return;
+        }
+        if let Err(err) = self.launch_checked(kernel, count, bindings, mode, stream_id) {
+            self.park(stream_id, err);
+        }
+    }
+
+    fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        if self.streams.resolve(stream_id).capturing() {
+            // Deferred: flushing waits on fences and frees pages (see `capture_end`).
+            return Ok(());
+        }
+        self.enter_checked(stream_id)?;
+        let stream = self.streams.resolve(stream_id);
+        let cuda_stream = stream.stream.clone();
+        stream.drop_queue.flush(|| Fence::record(&cuda_stream));
+        stream.gpu.storage().flush();
+        Ok(())
+    }
+
+    fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
+        if self.holds(stream_id) {
+            let (reply, wait) = oneshot::channel();
+            self.deferred.push(Deferred::Sync { stream_id, reply });
+            return after_window(wait);
+        }
+        if let Some(err) = self.refuse_sync(stream_id, "sync") {
+            return Box::pin(async move { Err(err) });
+        }
+        if let Err(err) = self.enter_checked(stream_id) {
+            return Box::pin(async move { Err(err) });
+        }
+        let fence = self.streams.resolve(stream_id).fence();
+        Box::pin(async move { fence.wait() })
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream_id: StreamId,
+    ) -> Result<ManagedResource<GpuResource>, ServerError> {
+        self.bind_context()?;
+        let stream = self.streams.resolve(stream_id);
+        let memory = binding.memory.clone();
+        let resource = stream.resource(binding)?;
+        Ok(ManagedResource::new(memory, resource))
+    }
+
+    fn memory_usage(&mut self, stream_id: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.streams.resolve(stream_id).gpu.memory_usage())
+    }
+
+    fn memory_cleanup(&mut self, stream_id: StreamId) {
+        if let Err(err) = self.bind_context() {
+            return self.park(stream_id, err);
+        }
+        let stream = self.streams.resolve(stream_id);
+        if !stream.capturing() {
+            stream.gpu.cleanup(true);
+            stream.collect_graph_pools();
+        }
+    }
+
+    fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
+        if self.holds(stream_id) {
+            // Waiting here for the window would block the thread that must close it.
+            return Err(ServerError::Generic {
+                reason: "profiling while another thread's capture window is open".into(),
+                backtrace: BackTrace::capture(),
+            });
+        }
+        future::block_on(self.sync(stream_id))?;
+        Ok(self.timestamps.start())
+    }
+
+    fn end_profile(
+        &mut self,
+        stream_id: StreamId,
+        token: ProfilingToken,
+    ) -> Result<ProfileDuration, ProfileError> {
+        if self.holds(stream_id) {
+            self.timestamps.error(ProfileError::Unknown {
+                reason: "profile ended while another thread's capture window was open".into(),
+                backtrace: BackTrace::capture(),
+            });
+        } else if let Err(err) = future::block_on(self.sync(stream_id)) {
+            self.timestamps.error(ProfileError::Server(Box::new(err)));
+        }
+        self.timestamps.stop(token)
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream_id: StreamId) {
+        self.streams.resolve(stream_id).gpu.mode(mode);
+    }
+}
+
+impl ServerCommunication for CudaGraphServer {
+    const SERVER_COMM_ENABLED: bool = false;
+}
