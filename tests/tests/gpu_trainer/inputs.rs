@@ -502,15 +502,18 @@ fn batch_norm_graphs_and_equals_eager<G: Stack>() {
     assert!(mean.iter().any(|m| *m != 0.0), "the running mean moved");
 }
 
+/// A copy of `fresh` on the GPU, its tie restored (loading fills both fields apart).
+fn tied_on_gpu<G: Stack>(fresh: &TiedMlp<burn::backend::Flex>) -> TiedMlp<B<G>> {
+    let mut model = on_gpu::<G, _, _>(fresh.clone(), TiedMlp::new(&device()));
+    model.retie();
+    model
+}
+
 /// A parameter tied through two fields: graphs, stays tied, equals eager training.
 fn tied_weights_graph_and_equal_eager<G: Stack>() {
     let steps = run_length(200);
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
-    let model = || {
-        let mut model = on_gpu::<G, _, _>(fresh.clone(), TiedMlp::new(&device()));
-        model.retie();
-        model
-    };
+    let model = || tied_on_gpu::<G>(&fresh);
     let loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
     let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
     assert_warmup_capture_replay(&graphed_run.modes);
@@ -584,11 +587,7 @@ fn eager_mlp_training_is_deterministic<G: Stack>() {
 fn first_steps_equal_plain_eager<G: Stack>() {
     let steps = 4;
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
-    let model = || {
-        let mut model = on_gpu::<G, _, _>(fresh.clone(), TiedMlp::new(&device()));
-        model.retie();
-        model
-    };
+    let model = || tied_on_gpu::<G>(&fresh);
     let loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
     let retie = |mut m: TiedMlp<B<G>>| {
         m.retie();
