@@ -7,6 +7,8 @@
 //!   replays in flight, a smaller last batch (small sizes: these also run under
 //!   compute-sanitizer);
 //! - `memory`: device memory in use is flat over 1,000 replays;
+//! - `soak`: issue 14's soak, 10,000 replays of the reference step: memory and RSS flat,
+//!   every 100th replay equal to an eager step from the same state;
 //! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,
 //!   snapshots, BatchNorm and tied weights;
 //! - `faults` (feature `fault-injection`): issue 14's injected failures, one per stage of
@@ -56,3 +58,4 @@ mod memory;
 mod models;
 #[path = "../common/fused_lstm_parity.rs"]
 mod parity;
+mod soak;
