@@ -577,14 +577,25 @@ fn eager_mlp_training_is_deterministic<G: Stack>() {
     }
 }
 
-/// Bisects issue 11's cold divergence (run first in a fresh process, as the `cold` stage
-/// of `scripts/gpu-check.sh` does with `COLD_FILTER=inputs::fused::first_steps`): the
-/// trainer's first steps with capture off (no session, no pins: `Learner::train`, the
-/// write-back and buffer registration only), then with capture on (warmup steps), each
-/// against plain eager code from the same weights. Plain eager code run twice from a
-/// cold cache is bit-exact (session 8, call 4); a difference here names what the trainer
-/// adds around the step.
-fn first_steps_equal_plain_eager<G: Stack>() {
+/// How the first steps of `first_steps_vs_plain` are taken.
+#[derive(Clone, Copy, Debug)]
+enum FirstSteps {
+    /// A trainer with capture off: no session, no pins; `Learner::train`, the
+    /// write-back and the buffer registration (which resolves fusion tensors) only.
+    CaptureOff,
+    /// A trainer as configured by default: warmup steps, then a capture.
+    CaptureOn,
+    /// Plain eager code that also syncs the device after each optimizer step, before
+    /// it reads the loss (as the trainer's buffer registration drains fusion there).
+    PlainWithSyncs,
+}
+
+/// Bisects issue 11's cold divergence. Run each variant first in a fresh process (the
+/// `cold` stage of `scripts/gpu-check.sh`, `COLD_FILTER=inputs::fused::first_steps_<variant>`):
+/// its first steps meet a cold autotune cache, then plain eager code repeats them warm.
+/// Plain eager code run twice that way is bit-exact (session 8, call 4), so a difference
+/// names what the variant adds around the step.
+fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
     let steps = 4;
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
     let model = || tied_on_gpu::<G>(&fresh);
@@ -593,36 +604,58 @@ fn first_steps_equal_plain_eager<G: Stack>() {
         m.retie();
         m
     };
-    let mut differences = Vec::new();
-    for capture in [false, true] {
-        let mut trainer = GraphTrainer::new(
-            model(),
-            adam::<G>(),
-            loss,
-            GraphTrainerConfig::new().with_capture(capture),
-        );
-        let mut graphed = Vec::new();
-        for step in 0..steps {
-            trainer.set_lr(lr_at(LR, step));
-            let outcome = trainer.step(regression::<G>(step)).expect("step");
-            graphed.push(outcome.output.into_scalar().elem::<f32>());
+    let first: Vec<f32> = match variant {
+        FirstSteps::CaptureOff | FirstSteps::CaptureOn => {
+            let config =
+                GraphTrainerConfig::new().with_capture(matches!(variant, FirstSteps::CaptureOn));
+            let mut trainer = GraphTrainer::new(model(), adam::<G>(), loss, config);
+            (0..steps)
+                .map(|step| {
+                    trainer.set_lr(lr_at(LR, step));
+                    let outcome = trainer.step(regression::<G>(step)).expect("step");
+                    outcome.output.into_scalar().elem::<f32>()
+                })
+                .collect()
         }
-        let (plain, _) = eager(model(), steps, regression::<G>, loss, retie);
-        let first = first_difference(&graphed, &plain.losses);
-        println!(
-            "capture {capture}: trainer {graphed:?}, plain {:?}, first difference {first:?}",
-            plain.losses
-        );
-        differences.push((capture, first));
-    }
-    assert!(
-        differences.iter().all(|(_, first)| first.is_none()),
-        "first differences (capture off, on): {differences:?}"
+        FirstSteps::PlainWithSyncs => {
+            let synced = |m: TiedMlp<B<G>>| {
+                let m = retie(m);
+                G::sync(&device()).expect("sync");
+                m
+            };
+            eager(model(), steps, regression::<G>, loss, synced)
+                .0
+                .losses
+        }
+    };
+    let (plain, _) = eager(model(), steps, regression::<G>, loss, retie);
+    let at = first_difference(&first, &plain.losses);
+    println!(
+        "{variant:?}: first steps {first:?}, plain {:?}, first difference {at:?}",
+        plain.losses
+    );
+    assert_eq!(
+        at, None,
+        "{variant:?}: the first steps differ from plain eager code"
     );
 }
 
+fn first_steps_without_capture_equal_plain_eager<G: Stack>() {
+    first_steps_vs_plain::<G>(FirstSteps::CaptureOff);
+}
+
+fn first_steps_with_capture_equal_plain_eager<G: Stack>() {
+    first_steps_vs_plain::<G>(FirstSteps::CaptureOn);
+}
+
+fn first_steps_of_plain_code_with_syncs_equal_plain_eager<G: Stack>() {
+    first_steps_vs_plain::<G>(FirstSteps::PlainWithSyncs);
+}
+
 stack_tests!(
-    first_steps_equal_plain_eager,
+    first_steps_without_capture_equal_plain_eager,
+    first_steps_with_capture_equal_plain_eager,
+    first_steps_of_plain_code_with_syncs_equal_plain_eager,
     eager_mlp_training_is_deterministic,
     trainer_lends_back_its_model_unchanged,
     token_model_graphs_and_equals_eager,
