@@ -29,6 +29,11 @@ pub enum GraphError {
     /// Source and destination of a pinned copy differ in shape or dtype.
     #[error("pinned copy mismatch: {0}")]
     CopyMismatch(String),
+    /// The step panicked while it was recorded (CubeCL's autotuner does when a kernel
+    /// meets its first tuning inside a window, where profiling is refused). The window
+    /// was closed and nothing recorded ran; the step runs eagerly instead.
+    #[error("the step panicked while it was recorded: {0}")]
+    CapturePanicked(String),
     /// The driver or runtime refused a capture, instantiate or replay call.
     #[error("graph runtime error ({kind:?}): {detail}")]
     Runtime {

@@ -10,6 +10,7 @@
 //! the static input, launch. Every failure leaves the pre-step values in the pinned
 //! buffers, so the step can run eagerly instead, with the reason.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -230,11 +231,26 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         );
 
         let started = Instant::now();
+        // The model as it was, in case the recorded step panics inside `Learner::update`
+        // (which takes the model): the pins still hold its values, since nothing ran.
+        let before = learner.model().clone();
         let session = CaptureSession::begin();
-        let captured = G::capture(device, || {
-            record_step(learner, step_fn, &static_batch, pins)
-        });
+        let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            G::capture(device, || {
+                record_step(learner, step_fn, &static_batch, pins)
+            })
+        }));
         let recording = session.finish();
+        let captured = match captured {
+            Ok(captured) => captured,
+            Err(panic) => {
+                learner.restore_if_lost(before);
+                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+                let error = GraphError::CapturePanicked(panic_message(panic.as_ref()));
+                tracing::warn!(%error, "capture fell back");
+                return Err(shape_error(error));
+            }
+        };
         let (recorded, graph) = captured.map_err(shape_error)?;
         let observation = Observation {
             signature: recording.signature,
@@ -450,4 +466,28 @@ where
         .collect::<Vec<_>>()
         .into_iter();
     batch.with_tensors(&mut tensors)
+}
+
+/// The text a panic carried, if it carried one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+
+    #[test]
+    fn a_panic_reads_as_its_message() {
+        let owned = std::panic::catch_unwind(|| panic!("tuned {}", 3)).unwrap_err();
+        assert_eq!(panic_message(owned.as_ref()), "tuned 3");
+        let literal = std::panic::catch_unwind(|| std::panic::panic_any("plain")).unwrap_err();
+        assert_eq!(panic_message(literal.as_ref()), "plain");
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
 }

@@ -61,6 +61,14 @@ impl<M, O> Learner<M, O> {
         self.model = Some(f(model, &mut self.optimizer));
     }
 
+    /// Puts `model` back if an optimizer panicked inside [`update`](Self::update) and
+    /// took the model with it; otherwise keeps the model it has.
+    pub(crate) fn restore_if_lost(&mut self, model: M) {
+        if self.model.is_none() {
+            self.model = Some(model);
+        }
+    }
+
     pub(crate) fn into_parts(self) -> (M, O) {
         let model = self.model.expect(LOST);
         (model, self.optimizer)
