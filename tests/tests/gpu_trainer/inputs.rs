@@ -588,6 +588,10 @@ enum FirstSteps {
     /// Plain eager code that also syncs the device after each optimizer step, before
     /// it reads the loss (as the trainer's buffer registration drains fusion there).
     PlainWithSyncs,
+    /// Plain eager code that holds a clone of the model across each step (the trainer's
+    /// buffer registry holds its parameters so), so no parameter is ever used for the
+    /// last time inside the step: fusion may not update it in place.
+    PlainHoldingParams,
 }
 
 /// Bisects issue 11's cold divergence. Run each variant first in a fresh process (the
@@ -627,6 +631,16 @@ fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
                 .0
                 .losses
         }
+        FirstSteps::PlainHoldingParams => {
+            let start = model();
+            let mut held = vec![start.clone()];
+            let holding = |m: TiedMlp<B<G>>| {
+                let m = retie(m);
+                held.push(m.clone());
+                m
+            };
+            eager(start, steps, regression::<G>, loss, holding).0.losses
+        }
     };
     let (plain, _) = eager(model(), steps, regression::<G>, loss, retie);
     let at = first_difference(&first, &plain.losses);
@@ -652,10 +666,15 @@ fn first_steps_of_plain_code_with_syncs_equal_plain_eager<G: Stack>() {
     first_steps_vs_plain::<G>(FirstSteps::PlainWithSyncs);
 }
 
+fn first_steps_of_plain_code_holding_params_equal_plain_eager<G: Stack>() {
+    first_steps_vs_plain::<G>(FirstSteps::PlainHoldingParams);
+}
+
 stack_tests!(
     first_steps_without_capture_equal_plain_eager,
     first_steps_with_capture_equal_plain_eager,
     first_steps_of_plain_code_with_syncs_equal_plain_eager,
+    first_steps_of_plain_code_holding_params_equal_plain_eager,
     eager_mlp_training_is_deterministic,
     trainer_lends_back_its_model_unchanged,
     token_model_graphs_and_equals_eager,
