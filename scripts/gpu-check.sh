@@ -516,26 +516,40 @@ parallel_stage() {
 # each in a directory of its own with an empty autotune cache, each running the tests
 # that COLD_FILTER (default: the fused MLP tests of inputs::) selects. Prints how many
 # processes passed and each process's first losses next to the CPU's; logs in
-# $out/cold-logs.tar.gz.
+# $out/cold-logs.tar.gz. COLD_FILTERS (space-separated, one filter each) instead runs
+# COLD_PROCS processes per filter, all side by side, counted per filter (the bisecting
+# tests `inputs::fused::first_steps_*` each need to run first in a cold process).
 cold_stage() {
-    local n=${COLD_PROCS:-12} i
-    local -a pids logs
-    for ((i = 0; i < n; i++)); do
-        rm -rf "/tmp/suite-cold-$i" # empty caches are the point of this stage
-        # shellcheck disable=SC2086 # COLD_FILTER is a list of filters
-        isolated "cold-$i" timeout "${COLD_TIMEOUT:-400}" "$bin/gpu_trainer" --ignored \
-            --test-threads=1 --nocapture \
-            ${COLD_FILTER:-inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp} &
-        pids[i]=$!
-        logs+=("cold-$i.log")
+    local n=${COLD_PROCS:-12} i k filter
+    local -a pids logs names filters
+    if [[ -n ${COLD_FILTERS:-} ]]; then
+        read -ra filters <<<"$COLD_FILTERS"
+    else
+        filters=("${COLD_FILTER:-inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp}")
+    fi
+    for ((k = 0; k < ${#filters[@]}; k++)); do
+        for ((i = 0; i < n; i++)); do
+            local name="cold-$k-$i"
+            rm -rf "/tmp/suite-$name" # empty caches are the point of this stage
+            # shellcheck disable=SC2086 # a filter may list several test paths
+            isolated "$name" timeout "${COLD_TIMEOUT:-400}" "$bin/gpu_trainer" --ignored \
+                --test-threads=1 --nocapture ${filters[k]} &
+            pids+=($!)
+            names+=("$k")
+            logs+=("$name.log")
+        done
     done
-    local passed=0
-    for ((i = 0; i < n; i++)); do
-        wait "${pids[i]}" && passed=$((passed + 1))
+    local -A passed
+    for ((i = 0; i < ${#pids[@]}; i++)); do
+        wait "${pids[i]}" && passed[${names[i]}]=$((${passed[${names[i]}]:-0} + 1))
     done
-    status[cold]="$passed of $n processes passed"
+    for ((k = 0; k < ${#filters[@]}; k++)); do
+        local key=cold
+        ((${#filters[@]} > 1)) && key="cold ${filters[k]}"
+        status[$key]="${passed[$k]:-0} of $n processes passed"
+    done
     (cd "$out" && grep -hE "^test .*(ok|FAILED)$|differ" "${logs[@]}" | sort | uniq -c)
-    (cd "$out" && grep -H "step-0 loss" "${logs[@]}")
+    (cd "$out" && grep -H "step-0 loss\|first difference" "${logs[@]}")
     tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 
