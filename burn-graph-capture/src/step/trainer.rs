@@ -171,7 +171,7 @@ where
                 let (output, observed) = match rehearsal {
                     Some(pinned) => {
                         self.register_buffers();
-                        self.observed_step(&on_inputs(&batch, &pinned), &pinned, false)?
+                        self.observed_step(&on_inputs(&batch, &pinned), &pinned, true)?
                     }
                     None => self.observed_step(&batch, &inputs, false)?,
                 };
@@ -295,12 +295,14 @@ where
 
     /// An eager step inside a capture session: what it did, as the graph cache judges
     /// it. The trainer accounts for its own tensors as they are before the step.
-    /// `rehearse` runs it as the capture will run its step (`GraphBackend::rehearse`),
-    /// for verifying steps. Warmup steps run on the caller's stream, as plain eager code
-    /// does: on the fused stack, a step run under another stream whose kernels autotune
-    /// for the first time rounded differently from plain eager training (issue 11, cold
-    /// autotune caches: 3 of 6 processes diverged that way, 0 of 6 with warmup on the
-    /// caller's stream; bench/results/gpu-diagnosis-2026-12-01-s8.md).
+    /// `rehearse` runs it as the capture will run its step (`GraphBackend::rehearse`):
+    /// the last warmup step (on the pins) and verifying steps, so that the fused kernels
+    /// the capture launches under its own stream are compiled before the window. The
+    /// warmup steps before run on the caller's stream, as plain eager code does, and meet
+    /// the cold autotune cache there: on the fused stack, a step run under another stream
+    /// whose kernels autotuned for the first time rounded differently from plain eager
+    /// training (issue 11; bench/results/gpu-diagnosis-2026-12-01-s8.md). The rehearsal
+    /// then finds every choice tuned, since pins keep the layouts the earlier steps had.
     fn observed_step(
         &mut self,
         batch: &I,
