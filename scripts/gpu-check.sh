@@ -381,7 +381,8 @@ isolated() {
 
 # Issue 14 on the GPU, side by side (isolated processes): trainers on several threads;
 # two trainers sharing an Embedding at depth;
-# the differential fuzzer on each stack (FUZZ_PROGRAMS each, default 300); and
+# the differential fuzzer on each stack (FUZZ_PROGRAMS each, default 300; every failing
+# seed is reported and the run goes on, FUZZ_KEEP_GOING); and
 # FUZZ_MEMCHECK_PROGRAMS of them (default 20) under compute-sanitizer. FUZZ_TIMEOUT
 # seconds each (default 540). The fuzzer prints its progress every 50 programs.
 reliability_stage() {
@@ -397,7 +398,7 @@ reliability_stage() {
         pids[$part]=$!
     done
     for part in fused cube; do
-        FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \
+        FUZZ_KEEP_GOING=1 FUZZ_PROGRAMS=${FUZZ_PROGRAMS:-300} isolated "fuzz-$part" timeout "$t" "$bin/fuzz" --ignored \
             --test-threads=1 --nocapture "gpu::${part}_" &
         pids[fuzz_$part]=$!
     done
@@ -418,7 +419,7 @@ reliability_stage() {
         wait "${pids[$part]}"
         status[$part]=$?
     done
-    grep -hE "programs matched|^test .*(ok|FAILED)$|ERROR SUMMARY|seed .* fails|panicked" \
+    grep -hE "programs matched|programs failed|^test .*(ok|FAILED)$|ERROR SUMMARY|seed .* fails|panicked" \
         "$out"/threads.log "$out"/shared-embedding-*.log "$out"/fuzz-*.log
 }
 

@@ -555,26 +555,40 @@ fn shrink<G: GraphBackend>(mut program: Program) -> Program {
 
 fn check<G: GraphBackend>(seeds: impl Iterator<Item = u64>) -> usize {
     let started = std::time::Instant::now();
-    let mut ran = 0;
+    // With FUZZ_KEEP_GOING set (the GPU runs), every failing seed is reported and the
+    // run goes on; the test fails at the end with all of them.
+    let keep_going = std::env::var_os("FUZZ_KEEP_GOING").is_some();
+    let (mut ran, mut failures) = (0, Vec::new());
     for seed in seeds {
         let program = Program::generate(seed);
         if let Err(error) = run::<G>(&program) {
             let minimal = shrink::<G>(program);
             let again = run::<G>(&minimal).err().unwrap_or_default();
-            panic!(
+            let report = format!(
                 "seed {seed} fails: {error}\nminimal reproduction ({again}):\n{minimal:#?}\n\
                  add {seed} to REGRESSION_SEEDS"
             );
+            if !keep_going {
+                panic!("{report}");
+            }
+            println!("{report}");
+            failures.push(seed);
         }
         ran += 1;
         // Progress for long GPU runs cut off by a timeout (shown with --nocapture).
         if ran % 50 == 0 {
             println!(
-                "{ran} programs matched, {:.0} s",
+                "{ran} programs run, {} failed, {:.0} s",
+                failures.len(),
                 started.elapsed().as_secs_f64()
             );
         }
     }
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} programs failed, seeds {failures:?}",
+        failures.len()
+    );
     ran
 }
 
