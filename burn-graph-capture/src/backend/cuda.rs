@@ -72,19 +72,19 @@ fn value_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
     (tensor.shape().num_elements() * tensor.dtype.size()) as u64
 }
 
-/// Whether the tensor's values fill its buffer exactly, each once (a contiguous layout or
-/// a permutation of one, as a transposed weight has): its bytes can be copied as they are.
-fn dense(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
-    tensor.is_contiguous_buffer() && tensor.is_nonoverlapping()
-}
-
-/// The dimensions of a dense tensor from the slowest-varying in memory to the fastest,
-/// if its strides are exactly those of that order (size-1 dimensions go anywhere).
-fn memory_order(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<Vec<usize>> {
+/// The dimensions of a tensor from the slowest-varying in memory to the fastest, if its
+/// values fill its buffer exactly, each once (a contiguous layout or a permutation of
+/// one, as a transposed weight has): then its bytes can be copied as they are.
+fn dense_order(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<Vec<usize>> {
+    if !(tensor.is_contiguous_buffer() && tensor.is_nonoverlapping()) {
+        return None;
+    }
     let shape: &[usize] = tensor.meta.shape();
     order_of_strides(shape, tensor.meta.strides())
 }
 
+/// The dimensions from the slowest-varying in memory to the fastest, if the strides are
+/// exactly those of that order (size-1 dimensions go anywhere).
 fn order_of_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
     let mut order: Vec<usize> = (0..shape.len()).collect();
     order.sort_by_key(|&dim| std::cmp::Reverse(strides[dim]));
@@ -98,19 +98,18 @@ fn order_of_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
     Some(order)
 }
 
-/// `src`'s values laid out in memory as `dst` lays out its own, in a buffer of their own
-/// (no copy when `src` already is), or `None` when `dst`'s layout is not a permutation of
-/// a contiguous one.
+/// `src`'s values laid out in memory as `dst`, whose dimensions lie in memory in `order`
+/// (its [`dense_order`]), in a buffer of their own (no copy when `src` already is).
 fn in_layout_of(
     src: &CubeTensor<CudaGraphRuntime>,
     dst: &CubeTensor<CudaGraphRuntime>,
-) -> Option<CubeTensor<CudaGraphRuntime>> {
-    if dense(src) && src.meta.strides() == dst.meta.strides() {
-        return Some(src.clone());
+    order: &[usize],
+) -> CubeTensor<CudaGraphRuntime> {
+    if src.meta.strides() == dst.meta.strides() && dense_order(src).is_some() {
+        return src.clone();
     }
-    let order = memory_order(dst)?;
     // Contiguous in `order` is `dst`'s memory order.
-    Some(into_contiguous(permute(src.clone(), &order)))
+    into_contiguous(permute(src.clone(), order))
 }
 
 /// How long a capture waits for another thread's window to close before it gives up
@@ -171,7 +170,7 @@ impl GraphBackend for CudaCube {
         map_cube(tensor, |tensor| {
             // Pinned as it lies (a permuted layout stays permuted): the steps that read the
             // pin launch the kernels, and autotune keys, that they launched before.
-            let tensor = if dense(&tensor) && memory_order(&tensor).is_some() {
+            let tensor = if dense_order(&tensor).is_some() {
                 tensor
             } else {
                 into_contiguous(tensor)
@@ -209,12 +208,10 @@ impl GraphBackend for CudaCube {
                 src.dtype
             )));
         }
-        let src = dense(dst)
-            .then(|| in_layout_of(src, dst))
-            .flatten()
-            .ok_or_else(|| {
-                GraphError::CopyMismatch("the destination is not a dense (pinned) buffer".into())
-            })?;
+        let order = dense_order(dst).ok_or_else(|| {
+            GraphError::CopyMismatch("the destination is not a dense (pinned) buffer".into())
+        })?;
+        let src = in_layout_of(src, dst, &order);
         let bytes = value_bytes(&src);
         let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
         with_server(&dst.device, move |server| {

@@ -127,12 +127,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             return None;
         }
         self.ensure_pinned(learner).ok()?;
-        inputs
-            .iter()
-            .cloned()
-            .map(G::pin)
-            .collect::<Result<_, _>>()
-            .ok()
+        pin_inputs(inputs).ok()
     }
 
     /// Records a warmup step of `key`; returns the reason if it disabled the shape.
@@ -217,12 +212,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.check_pins(learner)?;
         self.ensure_pinned(learner)?;
         let shape_error = |error| Fallback::Shape(FallbackReason::Graph(error));
-        let static_inputs = inputs
-            .iter()
-            .cloned()
-            .map(G::pin)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(shape_error)?;
+        let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
         let pins = self.pins.as_ref().expect("pinned above");
         let accounted = Accounted::new(
@@ -451,6 +441,12 @@ where
         },
     );
     failed.map_or(Ok(()), Err)
+}
+
+/// Pinned copies of the batch's tensors: the static inputs a capture records (and the
+/// last warmup step runs on).
+fn pin_inputs<G: GraphBackend>(inputs: &[AnyTensor<G>]) -> Result<Vec<AnyTensor<G>>, GraphError> {
+    inputs.iter().cloned().map(G::pin).collect()
 }
 
 /// `batch` with its tensors replaced by `inputs` (the same kinds and shapes, in order).
