@@ -375,6 +375,9 @@ isolated() {
     shift
     mkdir -p "$dir/cache"
     printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+    # AUTOTUNE_LOG=1: cubecl prints each key it tunes (and its pick) into the log, among
+    # the tests' own lines (issue 11's cold runs: which kernels each phase met first).
+    [[ ${AUTOTUNE_LOG:-0} == 1 ]] && printf 'logger = { stdout = true, level = "minimal" }\n' >>"$dir/cubecl.toml"
     (cd "$dir" && GPU_OURS_AUTOTUNE=$dir/cache/autotune BURN_GRAPH_CAPTURE_KERNEL_CACHE=$dir/cache/ptx "$@") \
         >"$out/$name.log" 2>&1
 }
@@ -551,6 +554,8 @@ cold_stage() {
     done
     (cd "$out" && grep -hE "^test .*(ok|FAILED)$|differ" "${logs[@]}" | sort | uniq -c)
     (cd "$out" && grep -H "step-0 loss\|first difference" "${logs[@]}")
+    # Loss digests across processes: equal lines mean equal bits (cold runs of one build).
+    (cd "$out" && grep -ho "digest \[.*" "${logs[@]}" | sort | uniq -c)
     tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 

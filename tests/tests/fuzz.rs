@@ -461,6 +461,10 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
         .shared
         .then(|| (S::Model::from_inner(model.valid()), adam()));
     let (mut model, mut optimizer) = (model.clone(), adam());
+    // The trainer materializes its model and optimizer state when it is built; on the
+    // fused stack, work left queued would fuse with the first step and change its
+    // kernels (bench/results/inputs-2026-12-01.md).
+    G::sync(&device).expect("device sync");
     let step = |model: S::Model, optimizer: &mut CapturableAdam<T<G>>, batch: &S::Batch| {
         let loss = step_loss::<G, S>(subject, program.flags, &model, batch);
         let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);

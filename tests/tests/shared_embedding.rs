@@ -155,6 +155,9 @@ fn eager<G: GraphBackend>(share: bool, time: usize, steps: usize) -> Pair {
     for (model, optimizer) in models.iter().zip(optimizers.iter_mut()) {
         optimizer.init_state(model);
     }
+    // As each trainer does when it is built: launch what building the models queued, so
+    // that it does not fuse with the first step (bench/results/inputs-2026-12-01.md).
+    T::<G>::sync(&Default::default()).expect("device sync");
     let mut pair = Pair {
         losses: Default::default(),
         params: Default::default(),

@@ -102,6 +102,17 @@ pub fn device() -> CudaGraphDevice {
     CudaGraphDevice::new(0)
 }
 
+/// Launches the work still queued on the device, as a `GraphTrainer` does when it is
+/// built (it resolves the model's buffers to register them). Plain-code references call
+/// it once their model and optimizer state exist: on the fused stack, work still queued
+/// (the model's initialization and loading) fuses with the first step's ops and so
+/// changes which kernels that step launches; the two runs would then compute the same
+/// step with other kernels, which may round apart (issue 11's cold divergence,
+/// `bench/results/inputs-2026-12-01.md`).
+pub fn materialize<G: Stack>() {
+    G::sync(&device()).expect("device sync");
+}
+
 /// The LSTM regressor of `sizes`.
 pub fn config(sizes: Sizes) -> LstmRegressorConfig {
     LstmRegressorConfig::new(sizes.hidden).with_d_input(D_INPUT)
@@ -245,6 +256,7 @@ where
 {
     let mut model = model::<G>(plan.sizes, bytes);
     optimizer.init_state(&model);
+    materialize::<G>();
     let mut task = SineTask::new(plan.seed, D_INPUT);
     let mut run = Run::default();
     for step in 0..plan.steps {

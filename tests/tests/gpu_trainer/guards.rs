@@ -11,7 +11,7 @@ use lstm_example::train::parameter_values;
 use crate::common::{
     Comparison, D_INPUT, Diff, Model, Plan, Run, SMALL, Stack, TOLERANCE, WARMUP, adam,
     adam_trainer, assert_warmup_capture_replay, batch, case, device, eager_churn, eager_run,
-    graph_count, graphed_run, loss, lr_at, model, model_bytes, nothing,
+    graph_count, graphed_run, loss, lr_at, materialize, model, model_bytes, nothing,
 };
 
 const LR: f64 = 1e-2;
@@ -276,6 +276,7 @@ fn a_smaller_last_batch_gets_its_own_graph_or_runs_eagerly<G: Stack>() {
     let mut eager_model = model::<G>(SMALL, &bytes);
     let mut optimizer = adam::<G>();
     optimizer.init_state(&eager_model);
+    materialize::<G>();
     let mut task = SineTask::new(12, D_INPUT);
     let mut eager = Run::default();
     for step in 0..8 {

@@ -29,7 +29,8 @@ use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
 use crate::common::{
-    Diff, Stack, TOLERANCE, WARMUP, assert_warmup_capture_replay, case, device, lr_at, run_length,
+    Diff, Stack, TOLERANCE, WARMUP, assert_warmup_capture_replay, case, device, lr_at, materialize,
+    run_length,
 };
 use crate::models::{BnMlp, MaskOnly, Regression, TiedMlp};
 
@@ -106,7 +107,9 @@ where
     (run, trainer)
 }
 
-/// The same training as plain Burn code; `after` runs after each optimizer step.
+/// The same training as plain Burn code; `after` runs after each optimizer step. Its
+/// model and optimizer state are materialized first, as the trainer's are when it is
+/// built (`materialize`).
 fn eager<G, M, I>(
     mut model: M,
     steps: usize,
@@ -120,6 +123,7 @@ where
 {
     let mut optimizer = adam::<G>();
     optimizer.init_state(&model);
+    materialize::<G>();
     let mut run = Run::default();
     for step in 0..steps {
         optimizer.set_lr(lr_at(LR, step));
@@ -138,6 +142,27 @@ fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
     a.iter()
         .zip(b)
         .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
+/// The bits of `losses` in a line that can be compared across processes: the first
+/// four in hex and an FNV-1a hash of all of them (cold runs of one build in separate
+/// processes must print the same line for the same training to be reproducible).
+fn digest(losses: &[f32]) -> String {
+    let hash = losses.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, l| {
+        (h ^ u64::from(l.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    });
+    let head: Vec<String> = losses
+        .iter()
+        .take(4)
+        .map(|l| format!("{:08x}", l.to_bits()))
+        .collect();
+    format!("{} #{hash:016x}", head.join(" "))
+}
+
+/// A line that separates a test's phases in its log, among cubecl's autotune lines
+/// (`gpu-check.sh`'s `AUTOTUNE_LOG=1`): which kernels each phase tuned first.
+fn phase(name: &str) {
+    println!("=== phase: {name}");
 }
 
 /// Asserts a graphed run equal to the eager one (losses and parameters), printing how.
@@ -477,9 +502,13 @@ fn batch_norm_graphs_and_equals_eager<G: Stack>() {
     let fresh = BnMlp::<burn::backend::Flex>::new(32, &Default::default());
     let model = || on_gpu::<G, _, _>(fresh.clone(), BnMlp::new(32, &device()));
     let loss = |model: &BnMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    phase("trainer");
     let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
     assert_warmup_capture_replay(&graphed_run.modes);
+    phase("plain");
     let (eager_run, eager_model) = eager(model(), steps, regression::<G>, loss, |m| m);
+    println!("digest [batchnorm trainer] {}", digest(&graphed_run.losses));
+    println!("digest [batchnorm plain] {}", digest(&eager_run.losses));
     let cpu = fresh.loss(&cpu_regression(0)).into_scalar();
     print_first_losses(&case::<G>("batchnorm mlp"), &graphed_run, &eager_run, cpu);
     check(&case::<G>("batchnorm mlp"), &graphed_run, &eager_run);
@@ -515,9 +544,11 @@ fn tied_weights_graph_and_equal_eager<G: Stack>() {
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
     let model = || tied_on_gpu::<G>(&fresh);
     let loss = |model: &TiedMlp<B<G>>, batch: &Regression<B<G>>| model.loss(batch);
+    phase("trainer");
     let (graphed_run, trainer) = graphed(model(), steps, regression::<G>, loss);
     assert_warmup_capture_replay(&graphed_run.modes);
     assert!(trainer.model().unwrap().tied());
+    phase("plain");
     let (eager_run, _) = eager(
         model(),
         steps,
@@ -528,6 +559,8 @@ fn tied_weights_graph_and_equal_eager<G: Stack>() {
             m
         },
     );
+    println!("digest [tied trainer] {}", digest(&graphed_run.losses));
+    println!("digest [tied plain] {}", digest(&eager_run.losses));
     let cpu = fresh.loss(&cpu_regression(0)).into_scalar();
     print_first_losses(&case::<G>("tied mlp"), &graphed_run, &eager_run, cpu);
     check(&case::<G>("tied mlp"), &graphed_run, &eager_run);
@@ -558,7 +591,12 @@ fn eager_mlp_training_is_deterministic<G: Stack>() {
         );
         (bn_run, tied_run)
     };
-    let (first, second) = (runs(()), runs(()));
+    phase("plain, first run");
+    let first = runs(());
+    phase("plain, second run");
+    let second = runs(());
+    println!("digest [batchnorm plain] {}", digest(&first.0.losses));
+    println!("digest [tied plain] {}", digest(&first.1.losses));
     for (name, a, b) in [
         ("batchnorm", &first.0, &second.0),
         ("tied", &first.1, &second.1),
@@ -594,11 +632,13 @@ enum FirstSteps {
     PlainHoldingParams,
 }
 
-/// Bisects issue 11's cold divergence. Run each variant first in a fresh process (the
-/// `cold` stage of `scripts/gpu-check.sh`, `COLD_FILTER=inputs::fused::first_steps_<variant>`):
-/// its first steps meet a cold autotune cache, then plain eager code repeats them warm.
-/// Plain eager code run twice that way is bit-exact (session 8, call 4), so a difference
-/// names what the variant adds around the step.
+/// What bisected issue 11's cold divergence (`bench/results/inputs-2026-12-01.md`):
+/// run each variant first in a fresh process (the `cold` stage of `scripts/gpu-check.sh`,
+/// `COLD_FILTER=inputs::fused::first_steps_<variant>`), so that its first steps meet a
+/// cold autotune cache and plain eager code then repeats them warm. A difference names
+/// what the variant adds around a step that changes its kernels. (The cause found: plain
+/// code's first step fused with the work its model's construction left queued, which the
+/// trainer launches when it is built; the references now `materialize` first.)
 fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
     let steps = 4;
     let fresh = TiedMlp::<burn::backend::Flex>::new(&Default::default());
@@ -608,6 +648,7 @@ fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
         m.retie();
         m
     };
+    phase(&format!("{variant:?}"));
     let first: Vec<f32> = match variant {
         FirstSteps::CaptureOff | FirstSteps::CaptureOn => {
             let config =
@@ -642,7 +683,10 @@ fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
             eager(start, steps, regression::<G>, loss, holding).0.losses
         }
     };
+    phase("plain");
     let (plain, _) = eager(model(), steps, regression::<G>, loss, retie);
+    println!("digest [{variant:?}] {}", digest(&first));
+    println!("digest [plain] {}", digest(&plain.losses));
     let at = first_difference(&first, &plain.losses);
     println!(
         "{variant:?}: first steps {first:?}, plain {:?}, first difference {at:?}",
