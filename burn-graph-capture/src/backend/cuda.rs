@@ -8,10 +8,12 @@
 use std::time::{Duration, Instant};
 
 use burn_backend::TensorMetadata;
-use burn_cubecl::{CubeBackend, kernel::into_contiguous, ops::permute, tensor::CubeTensor};
+use burn_cubecl::cubecl::std::tensor::copy_into as copy_strided;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
 
-use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure};
+use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure, layout};
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
     capture_end, capture_stream, with_server,
@@ -67,49 +69,11 @@ impl Drop for OpenWindow<'_> {
     }
 }
 
-/// Bytes of a contiguous tensor's values.
-fn value_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
-    (tensor.shape().num_elements() * tensor.dtype.size()) as u64
-}
-
-/// The dimensions of a tensor from the slowest-varying in memory to the fastest, if its
-/// values fill its buffer exactly, each once (a contiguous layout or a permutation of
-/// one, as a transposed weight has): then its bytes can be copied as they are.
-fn dense_order(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<Vec<usize>> {
-    if !(tensor.is_contiguous_buffer() && tensor.is_nonoverlapping()) {
-        return None;
-    }
-    let shape: &[usize] = tensor.meta.shape();
-    order_of_strides(shape, tensor.meta.strides())
-}
-
-/// The dimensions from the slowest-varying in memory to the fastest, if the strides are
-/// exactly those of that order (size-1 dimensions go anywhere).
-fn order_of_strides(shape: &[usize], strides: &[usize]) -> Option<Vec<usize>> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
-    order.sort_by_key(|&dim| std::cmp::Reverse(strides[dim]));
-    let mut expected = 1;
-    for &dim in order.iter().rev() {
-        if shape[dim] != 1 && strides[dim] != expected {
-            return None;
-        }
-        expected *= shape[dim];
-    }
-    Some(order)
-}
-
-/// `src`'s values laid out in memory as `dst`, whose dimensions lie in memory in `order`
-/// (its [`dense_order`]), in a buffer of their own (no copy when `src` already is).
-fn in_layout_of(
-    src: &CubeTensor<CudaGraphRuntime>,
-    dst: &CubeTensor<CudaGraphRuntime>,
-    order: &[usize],
-) -> CubeTensor<CudaGraphRuntime> {
-    if src.meta.strides() == dst.meta.strides() && dense_order(src).is_some() {
-        return src.clone();
-    }
-    // Contiguous in `order` is `dst`'s memory order.
-    into_contiguous(permute(src.clone(), order))
+/// Bytes from a tensor's first value to its last: its values and the padding between
+/// them (the bytes a pin of it copies).
+fn span_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<u64> {
+    let elements = layout::span(tensor.meta.shape(), tensor.meta.strides())?;
+    Some((elements * tensor.dtype.size()) as u64)
 }
 
 /// How long a capture waits for another thread's window to close before it gives up
@@ -168,14 +132,18 @@ impl GraphBackend for CudaCube {
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         map_cube(tensor, |tensor| {
-            // Pinned as it lies (a permuted layout stays permuted): the steps that read the
-            // pin launch the kernels, and autotune keys, that they launched before.
-            let tensor = if dense_order(&tensor).is_some() {
+            // Pinned as it lies (pitched rows stay pitched, a permuted layout permuted): the
+            // steps that read the pin launch the kernels, and autotune keys, that they
+            // launched before (`layout`).
+            let tensor = if layout::pinnable_as_it_lies(tensor.meta.shape(), tensor.meta.strides())
+            {
                 tensor
             } else {
                 into_contiguous(tensor)
             };
-            let bytes = value_bytes(&tensor);
+            let bytes = span_bytes(&tensor).ok_or_else(|| {
+                GraphError::CopyMismatch("a tensor whose indices overlap cannot be pinned".into())
+            })?;
             let src = tensor.handle.clone().binding();
             let device = tensor.device;
             let handle = with_server(&device, move |server| {
@@ -208,17 +176,29 @@ impl GraphBackend for CudaCube {
                 src.dtype
             )));
         }
-        let order = dense_order(dst).ok_or_else(|| {
-            GraphError::CopyMismatch("the destination is not a dense (pinned) buffer".into())
-        })?;
-        let src = in_layout_of(src, dst, &order);
-        let bytes = value_bytes(&src);
-        let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
-        with_server(&dst.device, move |server| {
-            server.copy_device(from, to, bytes)
-        })
-        .and_then(|r| r)
-        .map_err(runtime_err)
+        let bytes = span_bytes(dst)
+            .ok_or_else(|| GraphError::CopyMismatch("the destination's indices overlap".into()))?;
+        let shape: &[usize] = dst.meta.shape();
+        if layout::same_placement(shape, src.meta.strides(), dst.meta.strides())
+            && span_bytes(src).is_some()
+        {
+            // Every value already lies where the pin keeps it: one copy of the span.
+            let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
+            return with_server(&dst.device, move |server| {
+                server.copy_device(from, to, bytes)
+            })
+            .and_then(|r| r)
+            .map_err(runtime_err);
+        }
+        // Another layout (a tight source for a pitched pin, say): a copy kernel writes
+        // each value where the pin's strides put it, so the pin keeps its layout.
+        copy_strided(
+            &dst.client,
+            src.clone().binding(),
+            dst.clone().binding(),
+            dst.dtype.into(),
+        );
+        Ok(())
     }
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
@@ -271,21 +251,5 @@ mod tests {
         ));
         let sync = runtime_err(CaptureError::HostSync("read"));
         assert_ne!(sync, first);
-    }
-
-    #[test]
-    fn memory_order_follows_the_strides_of_dense_layouts_only() {
-        assert_eq!(order_of_strides(&[2, 3], &[3, 1]), Some(vec![0, 1]));
-        // A transposed [2, 3] buffer.
-        assert_eq!(order_of_strides(&[3, 2], &[1, 3]), Some(vec![1, 0]));
-        assert_eq!(
-            order_of_strides(&[2, 3, 4], &[4, 8, 1]),
-            Some(vec![1, 0, 2])
-        );
-        // A size-1 dimension may carry any stride.
-        assert!(order_of_strides(&[2, 1, 3], &[3, 99, 1]).is_some());
-        // Gaps (a slice of a wider buffer) and broadcasts are not dense.
-        assert_eq!(order_of_strides(&[2, 3], &[4, 1]), None);
-        assert_eq!(order_of_strides(&[2, 3], &[0, 1]), None);
     }
 }

@@ -13,6 +13,8 @@ mod forward;
 mod fusion;
 mod graph_backend;
 mod identity;
+#[cfg(feature = "cuda")]
+mod layout;
 mod ops;
 mod primitive;
 mod relabel;
