@@ -59,7 +59,10 @@ fn trace(run: &str, index: usize, event: &Event, detail: &str, params: impl FnOn
 /// H200: 8 (a BatchNorm step whose kernels first autotuned under the capture stream
 /// rounded unlike eager training) and 11 (a capture met matmul layouts that warmup, on
 /// unpinned buffers, never tuned: the autotuner panicked inside the window).
-const REGRESSION_SEEDS: &[u64] = &[3, 8, 11, 111, 147];
+/// On the H200, session 9 (`bench/results/inputs-2026-12-01.md`): 14 and 38 (pins packed
+/// tight where eager tensors were pitched), 197 (a copy into a pitched pin refused), and
+/// 145, 174, 199, 281 (token LM after a take-out or a reload: still open there).
+const REGRESSION_SEEDS: &[u64] = &[3, 8, 11, 111, 147, 14, 38, 197, 145, 174, 199, 281];
 
 /// Graph shapes a trainer keeps: three sequence lengths exceed it.
 const MAX_GRAPHS: usize = 2;
@@ -487,6 +490,14 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
                 continue;
             }
             Event::SetLr(lr) => optimizer.set_lr(lr),
+            // As the graphed run does: the model comes back from its record, its tensors
+            // fresh uploads, which the runtime may lay out unlike op outputs (pitched
+            // rows), and so its next step's kernels too (`backend::layout`).
+            Event::Reload => {
+                let bytes = to_bytes(model.clone());
+                model = load_bytes(model, bytes, &device);
+                G::sync(&device).expect("device sync");
+            }
             Event::Snapshot => trace.snapshots.push(parameter_bits(&model)),
             Event::SecondStep => {
                 if let Some((other, mut other_optimizer)) = second.take() {

@@ -80,6 +80,9 @@ pub(crate) struct Graphs<G: GraphBackend, T> {
     /// last entered the trainer. Nothing else can move them off (the trainer never
     /// lends its tensors out), so replays skip the check while this holds.
     verified: bool,
+    /// A model put back (`put_back`) that does not sit on `pins` yet: its next eager
+    /// step's write-back, or the next graph step, seats it.
+    unseated: bool,
     max_recaptures: usize,
     stats: GraphStats,
 }
@@ -90,6 +93,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
             pins: None,
             verified: false,
+            unseated: false,
             max_recaptures: config.max_recaptures,
             stats: GraphStats::default(),
         }
@@ -167,6 +171,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             self.cache.drop_graphs();
             self.stats.pinned_bytes = 0;
         }
+        self.unseated = false;
     }
 
     /// Starts over for a model of another structure: no pins, no graphs, and every
@@ -312,29 +317,29 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             return;
         };
         let model = learner.model().clone();
-        if let Err(error) = seat(pins, learner, model) {
-            tracing::warn!(%error, "write-back failed; dropping graphs and pins");
-            self.unpin();
+        match seat(pins, learner, model) {
+            Ok(()) => self.unseated = false,
+            Err(error) => {
+                tracing::warn!(%error, "write-back failed; dropping graphs and pins");
+                self.unpin();
+            }
         }
     }
 
-    /// Seats `model`, put back by the user, on the pinned buffers (its values copied
-    /// into them); every graph must then match an eager step of it before it replays.
-    /// A model that does not fit the pins is taken as it is, unpinned.
+    /// Takes `model`, put back by the user, as it is: its next step runs eagerly on its
+    /// own tensors, as plain code on that model would (a model loaded from a record lies
+    /// as uploads do, which may not be how the pins lie: `backend::layout`), and that
+    /// step's results are written into the pins. Every graph must then match an eager
+    /// step before it replays. A model that does not fit the pins is unpinned then.
     pub(crate) fn put_back<M, O>(&mut self, learner: &mut Learner<M, O>, model: M)
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        let Some(pins) = &self.pins else {
-            learner.update(|_, _| model);
-            return;
-        };
-        if seat(pins, learner, model).is_ok() {
+        learner.update(|_, _| model);
+        if self.pins.is_some() {
             self.cache.suspect_graphs();
-            self.verified = true;
-        } else {
-            self.unpin();
+            self.unseated = true;
         }
     }
 
@@ -380,6 +385,19 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
+        if self.unseated
+            && let Some(pins) = &self.pins
+        {
+            // A model put back that no eager step has run on yet: seat it now.
+            let model = learner.model().clone();
+            self.unseated = false;
+            if seat(pins, learner, model).is_err() {
+                self.unpin();
+                return Err(Fallback::Repin);
+            }
+            self.verified = true;
+            return Ok(());
+        }
         if self.verified {
             return Ok(());
         }

@@ -228,8 +228,9 @@ where
         Some(model)
     }
 
-    /// Puts a model back, or in: the trainer trains it from now on. On GPUs its values
-    /// are copied into the pinned buffers, so graphs survive; each shape's next step
+    /// Puts a model back, or in: the trainer trains it from now on. On GPUs graphs
+    /// survive: the next step runs eagerly on the model's own tensors (as plain code on
+    /// it would) and writes its results into the pinned buffers; each shape's next step
     /// then runs eagerly and must do what its graph recorded before replays resume.
     ///
     /// A model of another structure (other parameter shapes) starts the graphs over:
@@ -298,11 +299,9 @@ where
     /// `rehearse` runs it as the capture will run its step (`GraphBackend::rehearse`):
     /// the last warmup step (on the pins) and verifying steps, so that the fused kernels
     /// the capture launches under its own stream are compiled before the window. The
-    /// warmup steps before run on the caller's stream, as plain eager code does, and meet
-    /// the cold autotune cache there: on the fused stack, a step run under another stream
-    /// whose kernels autotuned for the first time rounded differently from plain eager
-    /// training (issue 11; bench/results/gpu-diagnosis-2026-12-01-s8.md). The rehearsal
-    /// then finds every choice tuned, since pins keep the layouts the earlier steps had.
+    /// warmup steps before run on the caller's stream, as plain eager code does. The
+    /// rehearsal then finds every choice tuned, since pins keep the layouts the earlier
+    /// steps had (`backend::layout`).
     fn observed_step(
         &mut self,
         batch: &I,
