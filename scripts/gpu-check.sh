@@ -76,7 +76,7 @@ pack() {
         strip "$dest/$name" 2>/dev/null || true
         xz -T2 -6 -f "$dest/$name"
     done
-    cp "$here/gpu-check.sh" "$dest/gpu-check.sh"
+    cp "$here/gpu-check.sh" "$here/fuzz-trace.sh" "$dest/"
     cp "$here/ncu_sum.py" "$here/speed_summary.py" "$here/../bench/anchors/torch_anchor.py" "$dest/"
     ls -la "$dest"
 }
