@@ -313,15 +313,29 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
+        self.seat_model(learner);
+    }
+
+    /// Seats the learner's model on the pins (its values copied into them); on failure
+    /// drops graphs and pins, and training goes on unpinned. Whether it now sits there.
+    fn seat_model<M, O>(&mut self, learner: &mut Learner<M, O>) -> bool
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
         let Some(pins) = &self.pins else {
-            return;
+            return false;
         };
         let model = learner.model().clone();
         match seat(pins, learner, model) {
-            Ok(()) => self.unseated = false,
+            Ok(()) => {
+                self.unseated = false;
+                true
+            }
             Err(error) => {
                 tracing::warn!(%error, "write-back failed; dropping graphs and pins");
                 self.unpin();
+                false
             }
         }
     }
@@ -385,14 +399,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        if self.unseated
-            && let Some(pins) = &self.pins
-        {
+        if self.unseated && self.pins.is_some() {
             // A model put back that no eager step has run on yet: seat it now.
-            let model = learner.model().clone();
-            self.unseated = false;
-            if seat(pins, learner, model).is_err() {
-                self.unpin();
+            if !self.seat_model(learner) {
                 return Err(Fallback::Repin);
             }
             self.verified = true;
