@@ -430,6 +430,8 @@ fn check_reason(
             | FallbackReason::GraphCacheFull
             | FallbackReason::ModelReplaced => true,
             FallbackReason::NoHardwareGraphs => !hardware && !breakers,
+            // Parameters a reload left laid out as uploads (pitched rows), not as pinned.
+            FallbackReason::LayoutChanged { .. } => hardware && !breakers,
             FallbackReason::CaptureBreaker(_) => breakers,
             _ => false,
         },

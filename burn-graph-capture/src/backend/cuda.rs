@@ -8,10 +8,10 @@
 use std::time::{Duration, Instant};
 
 use burn_backend::TensorMetadata;
-use burn_cubecl::cubecl::std::tensor::copy_into as copy_strided;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
+use cubecl_core::server::Handle;
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure, layout};
 use crate::runtime::{
@@ -132,34 +132,18 @@ impl GraphBackend for CudaCube {
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         map_cube(tensor, |tensor| {
-            // Pinned as it lies (pitched rows stay pitched, a permuted layout permuted): the
-            // steps that read the pin launch the kernels, and autotune keys, that they
-            // launched before (`layout`).
-            let tensor = if layout::pinnable_as_it_lies(tensor.meta.shape(), tensor.meta.strides())
-            {
-                tensor
-            } else {
-                into_contiguous(tensor)
-            };
-            let bytes = span_bytes(&tensor).ok_or_else(|| {
-                GraphError::CopyMismatch("a tensor whose indices overlap cannot be pinned".into())
-            })?;
-            let src = tensor.handle.clone().binding();
-            let device = tensor.device;
-            let handle = with_server(&device, move |server| {
-                let handle = server.arena_alloc(bytes)?;
-                server.copy_device(src, handle.clone().binding(), bytes)?;
-                Ok::<_, CaptureError>(handle)
+            copy_as_it_lies(tensor, |tensor, bytes| {
+                with_server(&tensor.device, move |server| server.arena_alloc(bytes))
+                    .and_then(|r| r)
+                    .map_err(runtime_err)
             })
-            .and_then(|r| r)
-            .map_err(runtime_err)?;
-            Ok(CubeTensor {
-                client: tensor.client.clone(),
-                handle,
-                meta: tensor.meta.clone(),
-                device,
-                dtype: tensor.dtype,
-                qparams: None,
+        })
+    }
+
+    fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        map_cube(tensor, |tensor| {
+            copy_as_it_lies(tensor, |tensor, bytes| {
+                Ok(tensor.client.empty(bytes as usize))
             })
         })
     }
@@ -176,29 +160,24 @@ impl GraphBackend for CudaCube {
                 src.dtype
             )));
         }
+        let shape: &[usize] = dst.meta.shape();
+        if !layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
+            return Err(GraphError::LayoutDiffers {
+                shape: shape.to_vec(),
+                pinned: dst.meta.strides().to_vec(),
+                given: src.meta.strides().to_vec(),
+            });
+        }
+        // Every value lies where the pin keeps it: one copy of the span (which depends
+        // only on the strides `same_placement` compared).
         let bytes = span_bytes(dst)
             .ok_or_else(|| GraphError::CopyMismatch("the destination's indices overlap".into()))?;
-        let shape: &[usize] = dst.meta.shape();
-        // (The span depends only on the strides `same_placement` compares, so `src`'s is
-        // `dst`'s.)
-        if layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
-            // Every value already lies where the pin keeps it: one copy of the span.
-            let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
-            return with_server(&dst.device, move |server| {
-                server.copy_device(from, to, bytes)
-            })
-            .and_then(|r| r)
-            .map_err(runtime_err);
-        }
-        // Another layout (a tight source for a pitched pin, say): a copy kernel writes
-        // each value where the pin's strides put it, so the pin keeps its layout.
-        copy_strided(
-            &dst.client,
-            src.clone().binding(),
-            dst.clone().binding(),
-            dst.dtype.into(),
-        );
-        Ok(())
+        let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
+        with_server(&dst.device, move |server| {
+            server.copy_device(from, to, bytes)
+        })
+        .and_then(|r| r)
+        .map_err(runtime_err)
     }
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
@@ -209,6 +188,40 @@ impl GraphBackend for CudaCube {
             .ok()
             .map(BufferId)
     }
+}
+
+/// A copy of `tensor` in the buffer `alloc` returns for its span, laid out as
+/// `tensor` lies (pitched rows stay pitched, a permuted layout permuted), so that steps
+/// that read the copy launch the kernels, and autotune keys, that reads of `tensor` do
+/// (`layout`). A layout a span copy cannot keep (a broadcast, a small view of a large
+/// buffer) is packed first.
+fn copy_as_it_lies(
+    tensor: CubeTensor<CudaGraphRuntime>,
+    alloc: impl FnOnce(&CubeTensor<CudaGraphRuntime>, u64) -> Result<Handle, GraphError>,
+) -> Result<CubeTensor<CudaGraphRuntime>, GraphError> {
+    let tensor = if layout::pinnable_as_it_lies(tensor.meta.shape(), tensor.meta.strides()) {
+        tensor
+    } else {
+        into_contiguous(tensor)
+    };
+    let bytes = span_bytes(&tensor).ok_or_else(|| {
+        GraphError::CopyMismatch("a tensor whose indices overlap cannot be copied".into())
+    })?;
+    let handle = alloc(&tensor, bytes)?;
+    let (from, to) = (tensor.handle.clone().binding(), handle.clone().binding());
+    with_server(&tensor.device, move |server| {
+        server.copy_device(from, to, bytes)
+    })
+    .and_then(|r| r)
+    .map_err(runtime_err)?;
+    Ok(CubeTensor {
+        client: tensor.client.clone(),
+        handle,
+        meta: tensor.meta.clone(),
+        device: tensor.device,
+        dtype: tensor.dtype,
+        qparams: None,
+    })
 }
 
 /// The CubeCL tensor behind any kind: all three are `CubeTensor`s.

@@ -54,6 +54,19 @@ fn register<B: FusionBackend>(
         .output()
 }
 
+/// `inner` (B's copy of `tensor`) as a fusion tensor of `tensor`'s kind.
+fn rewrapped<B: FusionBackend>(
+    tensor: &AnyTensor<Fusion<B>>,
+    inner: AnyTensor<B>,
+) -> AnyTensor<Fusion<B>> {
+    let registered = register::<B>(&fused(tensor).client, inner);
+    match tensor {
+        AnyTensor::Float(_) => AnyTensor::Float(registered),
+        AnyTensor::Int(_) => AnyTensor::Int(registered),
+        AnyTensor::Bool(_) => AnyTensor::Bool(registered),
+    }
+}
+
 /// The fusion tensor behind any kind: all three are `FusionTensor`s.
 fn fused<B: FusionBackend>(tensor: &AnyTensor<Fusion<B>>) -> &FusionTensor<B::FusionRuntime> {
     let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
@@ -110,14 +123,11 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     }
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
-        let pinned = B::pin(resolve::<B>(&tensor))?;
-        let client = &fused(&tensor).client;
-        let registered = register::<B>(client, pinned);
-        Ok(match tensor {
-            AnyTensor::Float(_) => AnyTensor::Float(registered),
-            AnyTensor::Int(_) => AnyTensor::Int(registered),
-            AnyTensor::Bool(_) => AnyTensor::Bool(registered),
-        })
+        Ok(rewrapped(&tensor, B::pin(resolve::<B>(&tensor))?))
+    }
+
+    fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        Ok(rewrapped(&tensor, B::duplicate(resolve::<B>(&tensor))?))
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {

@@ -29,6 +29,19 @@ pub enum GraphError {
     /// Source and destination of a pinned copy differ in shape or dtype.
     #[error("pinned copy mismatch: {0}")]
     CopyMismatch(String),
+    /// A copy into a pinned buffer whose values would lie otherwise there than in the
+    /// source (other strides). Kernels, and their rounding, follow strides
+    /// (`backend::layout`), so a pin must lie as what is written into it: the trainer
+    /// pins again as the values now lie, or runs the step eagerly.
+    #[error("layout differs: shape {shape:?} lies with strides {given:?}, its pin with {pinned:?}")]
+    LayoutDiffers {
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// The pinned buffer's strides, in elements.
+        pinned: Vec<usize>,
+        /// The source's strides, in elements.
+        given: Vec<usize>,
+    },
     /// The step panicked while it was recorded (CubeCL's autotuner does when a kernel
     /// meets its first tuning inside a window, where profiling is refused). The window
     /// was closed and nothing recorded ran; the step runs eagerly instead.
@@ -117,8 +130,17 @@ pub trait GraphBackend:
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError>;
 
     /// Copies `src`'s values into the storage of `dst`, which must be pinned and of the
-    /// same kind, shape and dtype. Inside a capture this is recorded as a device copy.
+    /// same kind, shape, dtype and layout ([`GraphError::LayoutDiffers`] otherwise).
+    /// Inside a capture this is recorded as a device copy.
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError>;
+
+    /// The tensor's values in a buffer of their own, laid out as they lie: what the
+    /// trainer lends out, so that code on the copy launches the kernels code on the
+    /// original would. The default copies through an identity op, whose output layout
+    /// the backend picks (backends whose kernels do not follow strides).
+    fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        Ok(tensor.fresh_copy())
+    }
 
     /// The address of a tensor's storage, where the backend exposes one.
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId>;
@@ -157,6 +179,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
         B::copy_into(&dst.clone().into_inner(), &src.clone().into_inner())
+    }
+
+    fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        B::duplicate(tensor.into_inner()).map(AnyTensor::from_inner)
     }
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {

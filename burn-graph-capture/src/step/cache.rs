@@ -225,6 +225,24 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
+    /// Drops every graph and sends each shape that had one, or was ready for one, back
+    /// to its last warmup step: the pins they would use are gone, and the next ones
+    /// must be rehearsed on before a capture (`Graphs::rehearsal_inputs`).
+    pub(crate) fn rewarm(&mut self) {
+        let last = self.warmup_steps.saturating_sub(1);
+        for phase in self.entries.values_mut() {
+            let observation = match phase {
+                Phase::Captured(graph) | Phase::Suspect(graph) => graph.observation().clone(),
+                Phase::Ready(observation) => observation.clone(),
+                _ => continue,
+            };
+            *phase = Phase::Warming {
+                done: last,
+                seen: Some(observation),
+            };
+        }
+    }
+
     /// Forgets every shape (dropping all graphs): each warms up again at its next step.
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
@@ -416,6 +434,31 @@ mod tests {
         cache.disable_all(FallbackReason::RecaptureLimit);
         assert_eq!(
             cache.plan(&key(8), true),
+            Plan::Eager(FallbackReason::RecaptureLimit)
+        );
+    }
+
+    #[test]
+    fn rewarmed_shapes_run_their_last_warmup_step_before_capturing_again() {
+        let mut cache = GraphCache::new(4, 3);
+        warm(&mut cache, &key(8), 3);
+        capture(&mut cache, &key(8), "a");
+        warm(&mut cache, &key(4), 3);
+        warm(&mut cache, &key(2), 1);
+        cache.disable(&key(1), FallbackReason::RecaptureLimit);
+        cache.rewarm();
+        assert_eq!(cache.graphs_alive(), 0, "graphs dropped");
+        for ready in [key(8), key(4)] {
+            assert!(cache.last_warmup(&ready), "{ready:?}");
+            warm(&mut cache, &ready, 1);
+            assert_eq!(cache.plan(&ready, true), Plan::Capture);
+        }
+        assert!(
+            !cache.last_warmup(&key(2)),
+            "a warming shape keeps its count"
+        );
+        assert_eq!(
+            cache.plan(&key(1), true),
             Plan::Eager(FallbackReason::RecaptureLimit)
         );
     }

@@ -53,8 +53,9 @@ pub(crate) enum Fallback {
     Shape(FallbackReason),
     /// Every shape stays eager.
     Trainer(FallbackReason),
-    /// Pinned buffers changed: graphs were dropped; the next step captures again.
-    Repin,
+    /// This step only runs eagerly, for this reason (pinned buffers changed and the
+    /// graphs were dropped, a batch tensor laid out unlike the graph's input).
+    Once(FallbackReason),
     /// The step itself was refused (the trainer returns the error).
     Step(StepError),
 }
@@ -64,7 +65,7 @@ pub(crate) enum Fallback {
 pub(crate) struct GraphStats {
     /// Wall time spent capturing, in milliseconds.
     pub(crate) capture_ms: f64,
-    /// Times pinned buffers changed and graphs were dropped.
+    /// Times pinned buffers changed (identity or layout) and graphs were dropped.
     pub(crate) recaptures: usize,
     /// Bytes pinned in the arena.
     pub(crate) pinned_bytes: u64,
@@ -296,11 +297,18 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         self.check_pins(learner)?;
         let Some(step) = self.cache.graph(key) else {
-            return Err(Fallback::Repin);
+            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
         };
         let fatal = |error| Fallback::Trainer(FallbackReason::Graph(error));
         for (input, tensor) in step.inputs.iter().zip(inputs) {
-            G::copy_into(input, tensor).map_err(fatal)?;
+            G::copy_into(input, tensor).map_err(|error| match error {
+                // This batch lies unlike the one captured: eager code on it would launch
+                // other kernels. The graph stays for batches laid out as recorded.
+                GraphError::LayoutDiffers { .. } => {
+                    Fallback::Once(FallbackReason::from_graph_error(error))
+                }
+                other => fatal(other),
+            })?;
         }
         G::replay(&step.graph).map_err(fatal)?;
         Ok(owned_copy(&step.outputs))
@@ -313,31 +321,41 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        self.seat_model(learner);
+        // A failure was logged and handled; the step's own mode stands.
+        let _ = self.seat_model(learner);
     }
 
-    /// Seats the learner's model on the pins (its values copied into them); on failure
-    /// drops graphs and pins, and training goes on unpinned. Whether it now sits there.
-    fn seat_model<M, O>(&mut self, learner: &mut Learner<M, O>) -> bool
+    /// Seats the learner's model on the pins (its values copied into them), if there
+    /// are pins. On failure the learner keeps its model unpinned and graphs and pins are
+    /// dropped; the reason says why. A model that lies otherwise than its pins (other
+    /// strides, as uploads after a reload lie) is pinned again at its shapes' next
+    /// warmup step, as it lies then: steps on pins must run the kernels eager steps on
+    /// that model would.
+    fn seat_model<M, O>(&mut self, learner: &mut Learner<M, O>) -> Result<(), FallbackReason>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
         let Some(pins) = &self.pins else {
-            return false;
+            return Ok(());
         };
         let model = learner.model().clone();
-        match seat(pins, learner, model) {
-            Ok(()) => {
-                self.unseated = false;
-                true
-            }
-            Err(error) => {
-                tracing::warn!(%error, "write-back failed; dropping graphs and pins");
-                self.unpin();
-                false
+        let Err(error) = seat(pins, learner, model) else {
+            self.unseated = false;
+            return Ok(());
+        };
+        let reason = FallbackReason::from_graph_error(error);
+        tracing::info!(%reason, "write-back into the pins failed; dropping graphs and pins");
+        self.unpin();
+        if matches!(reason, FallbackReason::LayoutChanged { .. }) {
+            self.cache.rewarm();
+            self.stats.recaptures += 1;
+            if self.stats.recaptures > self.max_recaptures {
+                self.cache.disable_all(FallbackReason::RecaptureLimit);
+                return Err(FallbackReason::RecaptureLimit);
             }
         }
+        Err(reason)
     }
 
     /// Takes `model`, put back by the user, as it is: its next step runs eagerly on its
@@ -401,9 +419,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         if self.unseated && self.pins.is_some() {
             // A model put back that no eager step has run on yet: seat it now.
-            if !self.seat_model(learner) {
-                return Err(Fallback::Repin);
-            }
+            self.seat_model(learner).map_err(Fallback::Once)?;
             self.verified = true;
             return Ok(());
         }
@@ -423,7 +439,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         if self.stats.recaptures > self.max_recaptures {
             return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
         }
-        Err(Fallback::Repin)
+        Err(Fallback::Once(FallbackReason::PinnedBuffersChanged))
     }
 }
 
@@ -444,7 +460,12 @@ where
 {
     let item = learner.train(step_fn, batch).map_err(Fallback::Step)?;
     let model = learner.model().clone();
-    seat(pins, learner, model).map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
+    seat(pins, learner, model).map_err(|error| match error {
+        // The step left values laid out unlike the pins: this capture is dropped, and
+        // the eager step instead pins them again as they lie (`Graphs::seat_model`).
+        GraphError::LayoutDiffers { .. } => Fallback::Once(FallbackReason::from_graph_error(error)),
+        other => Fallback::Shape(FallbackReason::Graph(other)),
+    })?;
     Ok(detached(&item))
 }
 

@@ -72,13 +72,44 @@ pub enum FallbackReason {
     /// The model or optimizer no longer sits on the pinned buffers (a model put back, a
     /// state loaded): graphs were dropped, and the next step captures again.
     PinnedBuffersChanged,
-    /// Pinned buffers changed identity more often than `max_recaptures` allows.
+    /// A tensor the graph reads lies in its buffer with other strides than the graph
+    /// recorded: a batch tensor laid out otherwise, or parameters that an eager step
+    /// (the first after `put_model`, say) left laid out otherwise. Kernels, and their
+    /// rounding, follow strides, so this step runs eagerly; pinned state is pinned
+    /// again as it now lies, and its shapes warm up once more.
+    LayoutChanged {
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// The strides the graph (or the pin) has.
+        pinned: Vec<usize>,
+        /// The strides the tensor has now.
+        given: Vec<usize>,
+    },
+    /// Pinned buffers changed identity (or layout) more often than `max_recaptures`
+    /// allows.
     RecaptureLimit,
     /// The backend refused to pin, capture or replay.
     Graph(GraphError),
 }
 
 impl FallbackReason {
+    /// The reason for a graph error: a layout difference is
+    /// [`LayoutChanged`](Self::LayoutChanged), anything else [`Graph`](Self::Graph).
+    pub(crate) fn from_graph_error(error: GraphError) -> Self {
+        match error {
+            GraphError::LayoutDiffers {
+                shape,
+                pinned,
+                given,
+            } => FallbackReason::LayoutChanged {
+                shape,
+                pinned,
+                given,
+            },
+            other => FallbackReason::Graph(other),
+        }
+    }
+
     /// The reason without its details, for counting.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -93,6 +124,7 @@ impl FallbackReason {
             FallbackReason::SharedWithTrainer(_) => "SharedWithTrainer",
             FallbackReason::GraphCacheFull => "GraphCacheFull",
             FallbackReason::PinnedBuffersChanged => "PinnedBuffersChanged",
+            FallbackReason::LayoutChanged { .. } => "LayoutChanged",
             FallbackReason::RecaptureLimit => "RecaptureLimit",
             FallbackReason::Graph(_) => "Graph",
         }
@@ -113,6 +145,15 @@ impl fmt::Display for FallbackReason {
                  batch does not list and that is not the same tensor every step"
             ),
             FallbackReason::SharedWithTrainer(id) => write!(f, "shared with trainer {}", id.0),
+            FallbackReason::LayoutChanged {
+                shape,
+                pinned,
+                given,
+            } => write!(
+                f,
+                "layout changed: a tensor of shape {shape:?} lies with strides {given:?}, \
+                 the graph's with {pinned:?}"
+            ),
             FallbackReason::Graph(error) => write!(f, "graph error: {error}"),
             other => f.write_str(other.kind()),
         }

@@ -363,7 +363,7 @@ where
                 self.graphs.disable_all(reason.clone());
                 reason
             }
-            Err(Fallback::Repin) => FallbackReason::PinnedBuffersChanged,
+            Err(Fallback::Once(reason)) => reason,
         };
         let (output, _) = self.eager_step(batch, false)?;
         Ok((output, StepMode::Eager(reason)))

@@ -7,20 +7,24 @@
 //! therefore never lends its pinned tensors out: [`GraphTrainer::model`],
 //! [`optimizer`](super::GraphTrainer::optimizer) and
 //! [`take_model`](super::GraphTrainer::take_model) hand out copies in fresh buffers,
-//! made at most once per step and only when asked for. A trainer that has not pinned
+//! made at most once per step and only when asked for. The copies lie in their buffers
+//! as the trainer's tensors do (`GraphBackend::duplicate`): kernels follow strides, so
+//! an evaluation on a copy, or training on one put back, runs what it would on the
+//! original (an `x * 1` copy would pitch packed rows, and round apart). A trainer that has not pinned
 //! (every CPU trainer) lends its own tensors: eager steps never write in place, so
 //! Burn's value semantics already hold.
 //!
 //! [`GraphTrainer::model`]: super::GraphTrainer::model
 
+use std::marker::PhantomData;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleMapper, Param};
-use burn::tensor::Tensor;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::learner::{retie, with_own_state};
+use crate::backend::{AnyTensor, GraphBackend, GraphCapture, TrainBackend};
 use crate::optim::CapturableOptimizer;
 
 /// The copies lent out since the last step, and what making them cost.
@@ -45,14 +49,14 @@ impl<M, O> Lent<M, O> {
     /// `model` to lend out, made once until the next [`clear`](Self::clear): with
     /// running statistics of its own, and, when `pinned`, its parameters in fresh
     /// buffers.
-    pub(crate) fn model<B>(&self, model: &M, pinned: bool) -> &M
+    pub(crate) fn model<G>(&self, model: &M, pinned: bool) -> &M
     where
-        B: AutodiffBackend,
-        M: AutodiffModule<B>,
+        G: GraphBackend,
+        M: AutodiffModule<TrainBackend<G>>,
     {
         self.model.get_or_init(|| {
             if pinned {
-                self.timed(|| copy_model(model))
+                self.timed(|| copy_model::<G, M>(model))
             } else {
                 with_own_state(model)
             }
@@ -61,17 +65,17 @@ impl<M, O> Lent<M, O> {
 
     /// `optimizer` to lend out: itself, or when `pinned` a copy in fresh buffers, made
     /// once until the next [`clear`](Self::clear).
-    pub(crate) fn optimizer<'a, B>(&'a self, optimizer: &'a O, pinned: bool) -> &'a O
+    pub(crate) fn optimizer<'a, G>(&'a self, optimizer: &'a O, pinned: bool) -> &'a O
     where
-        B: AutodiffBackend,
-        M: AutodiffModule<B>,
-        O: CapturableOptimizer<M, B> + Clone,
+        G: GraphBackend,
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>> + Clone,
     {
         if !pinned {
             return optimizer;
         }
         self.optimizer
-            .get_or_init(|| self.timed(|| copy_optimizer(optimizer)))
+            .get_or_init(|| self.timed(|| copy_optimizer::<G, M, O>(optimizer)))
     }
 
     /// Forgets the copies: the trainer's tensors changed.
@@ -95,40 +99,57 @@ impl<M, O> Lent<M, O> {
     }
 }
 
-/// A copy of `model` in fresh buffers, with running statistics of its own (Burn's
-/// `RunningState` is shared between clones), tied parameters tied, and every
-/// parameter's `require_grad` flag kept.
-pub(crate) fn copy_model<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M {
-    retie(M::from_inner(model.valid()).map(&mut Duplicate))
+/// A copy of `model` in fresh buffers, laid out as the model's own (so that code on
+/// the copy runs the kernels code on the model would: `backend::layout`), with running
+/// statistics of its own (Burn's `RunningState` is shared between clones), tied
+/// parameters tied, and every parameter's `require_grad` flag kept.
+pub(crate) fn copy_model<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(model: &M) -> M {
+    retie(M::from_inner(model.valid()).map(&mut Duplicate::<G>(PhantomData)))
 }
 
-/// A copy of `optimizer` whose state tensors sit in fresh buffers.
-pub(crate) fn copy_optimizer<B, M, O>(optimizer: &O) -> O
+/// A copy of `optimizer` whose state tensors sit in fresh buffers, laid out as its own.
+pub(crate) fn copy_optimizer<G, M, O>(optimizer: &O) -> O
 where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: CapturableOptimizer<M, B> + Clone,
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>> + Clone,
 {
     let mut copy = optimizer.clone();
-    copy.visit_state(&mut |_, tensor| *tensor = duplicate(tensor.clone()));
+    copy.visit_state(&mut |_, tensor| *tensor = duplicate::<G, 1>(tensor.clone()));
     copy
 }
 
-/// The tensor's values in a fresh buffer: `x · 1` is `x` exactly in IEEE arithmetic
-/// (and CubeCL compiles without flush-to-zero).
-fn duplicate<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {
-    tensor.mul_scalar(1.0)
+/// The tensor's values in a fresh buffer, laid out as they lie (`GraphBackend::duplicate`).
+/// If the backend cannot copy so, `x · 1`: the same values (exact in IEEE arithmetic, and
+/// CubeCL compiles without flush-to-zero), in a layout the backend picks.
+fn duplicate<G: GraphBackend, const D: usize>(
+    tensor: Tensor<GraphCapture<G>, D>,
+) -> Tensor<GraphCapture<G>, D> {
+    let primitive = tensor.clone().into_primitive().tensor();
+    match G::duplicate(AnyTensor::Float(primitive)).map(AnyTensor::into_float) {
+        Ok(Some(copy)) => Tensor::from_primitive(TensorPrimitive::Float(copy)),
+        failed => {
+            tracing::warn!(
+                ?failed,
+                "a layout-keeping copy failed; lending an x * 1 copy"
+            );
+            tensor.mul_scalar(1.0)
+        }
+    }
 }
 
 /// Duplicates every float parameter of an autodiff module, keeping ids and
 /// `require_grad` flags (`Param::from_mapped_value` reads the flag off the new tensor).
-struct Duplicate;
+struct Duplicate<G>(PhantomData<G>);
 
-impl<B: AutodiffBackend> ModuleMapper<B> for Duplicate {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+impl<G: GraphBackend> ModuleMapper<TrainBackend<G>> for Duplicate<G> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: Param<Tensor<TrainBackend<G>, D>>,
+    ) -> Param<Tensor<TrainBackend<G>, D>> {
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
-        let mut copy = Tensor::from_inner(duplicate(tensor.inner()));
+        let mut copy = Tensor::from_inner(duplicate::<G, D>(tensor.inner()));
         if require_grad {
             copy = copy.require_grad();
         }
@@ -177,7 +198,7 @@ mod tests {
             ..model.clone()
         };
         for model in [model, frozen] {
-            let (original, copy) = (params(&model), params(&copy_model(&model)));
+            let (original, copy) = (params(&model), params(&copy_model::<Flex, _>(&model)));
             assert_eq!(original.len(), copy.len());
             for ((flag, values, address), (copy_flag, copy_values, copy_address)) in
                 original.iter().zip(&copy)
