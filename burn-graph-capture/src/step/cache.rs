@@ -167,6 +167,10 @@ impl<G: Recorded> GraphCache<G> {
     /// step did what it recorded; otherwise it is dropped and the step counts as the
     /// first warmup step of a new graph. Returns the reason in that case.
     pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        if !matches!(self.entries.get(key), Some(Phase::Suspect(_))) {
+            // (Its graph was dropped meanwhile: the shape keeps the phase it has now.)
+            return None;
+        }
         let Some(Phase::Suspect(graph)) = self.entries.remove(key) else {
             return None;
         };
@@ -461,5 +465,19 @@ mod tests {
             cache.plan(&key(1), true),
             Plan::Eager(FallbackReason::RecaptureLimit)
         );
+    }
+
+    #[test]
+    fn verifying_a_shape_whose_graph_was_dropped_keeps_its_phase() {
+        let mut cache = GraphCache::new(4, 3);
+        warm(&mut cache, &key(8), 3);
+        capture(&mut cache, &key(8), "a");
+        cache.suspect_graphs();
+        assert_eq!(cache.plan(&key(8), true), Plan::Verify);
+        // The verifying step's write-back dropped the graphs (the pins' layout moved).
+        cache.drop_graphs();
+        cache.rewarm();
+        assert_eq!(cache.verified(&key(8), observed(2, &[9])), None);
+        assert!(cache.last_warmup(&key(8)), "still at its last warmup step");
     }
 }

@@ -84,6 +84,9 @@ pub(crate) struct Graphs<G: GraphBackend, T> {
     /// A model put back (`put_back`) that does not sit on `pins` yet: its next eager
     /// step's write-back, or the next graph step, seats it.
     unseated: bool,
+    /// This step found the pins' layout stale: once the step is accounted for
+    /// ([`step_done`](Self::step_done)), every shape goes back to its last warmup step.
+    rewarm: bool,
     max_recaptures: usize,
     stats: GraphStats,
 }
@@ -95,6 +98,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             pins: None,
             verified: false,
             unseated: false,
+            rewarm: false,
             max_recaptures: config.max_recaptures,
             stats: GraphStats::default(),
         }
@@ -133,6 +137,16 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         }
         self.ensure_pinned(learner).ok()?;
         pin_inputs(inputs).ok()
+    }
+
+    /// Ends a step: a layout move it found sends every shape with a graph, or ready for
+    /// one, back to its last warmup step, which pins again as the values lie and
+    /// rehearses on them before a capture. (Done after the step's own warmup or verify
+    /// accounting, which would otherwise count that step as the rehearsal.)
+    pub(crate) fn step_done(&mut self) {
+        if std::mem::take(&mut self.rewarm) {
+            self.cache.rewarm();
+        }
     }
 
     /// Records a warmup step of `key`; returns the reason if it disabled the shape.
@@ -348,7 +362,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         tracing::info!(%reason, "write-back into the pins failed; dropping graphs and pins");
         self.unpin();
         if matches!(reason, FallbackReason::LayoutChanged { .. }) {
-            self.cache.rewarm();
+            self.rewarm = true;
             self.stats.recaptures += 1;
             if self.stats.recaptures > self.max_recaptures {
                 self.cache.disable_all(FallbackReason::RecaptureLimit);

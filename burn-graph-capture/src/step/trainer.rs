@@ -192,6 +192,7 @@ where
             Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
             Plan::Capture | Plan::Replay => self.graph_or_eager(&plan, &key, &batch, &inputs)?,
         };
+        self.graphs.step_done();
         self.lent.clear();
         self.finish_step(&mode);
         Ok(StepOutcome { output, mode })

@@ -11,10 +11,9 @@
 //!    taken out and put back is checked by one eager step, then replays again;
 //! 5. an MLP with `BatchNorm` graphs: losses, parameters, running statistics and the
 //!    `valid()` model's outputs equal eager training;
-//! 6. a parameter tied through two fields graphs and equals eager training;
-//! 7. at a hidden width the runtime pitches, a model reloaded (before its first capture
-//!    and after), taken out and put back trains as plain code does, and a batch laid out
-//!    otherwise runs eagerly with `LayoutChanged`.
+//! 6. a parameter tied through two fields graphs and equals eager training.
+//!
+//! Layouts (a model reloaded, put back, laid out otherwise) are the `layouts` module's.
 //!
 //! Every run is compared bit for bit with the same training written as plain Burn code
 //! with the same capturable optimizer (tied weights re-tied by hand, as plain Burn code
@@ -37,14 +36,14 @@ use crate::common::{
 };
 use crate::models::{BnMlp, MaskOnly, Regression, TiedMlp};
 
-const LR: f64 = 1e-2;
-const VOCAB: usize = 32;
-const BATCH: usize = 8;
-const TIME: usize = 16;
+pub(crate) const LR: f64 = 1e-2;
+pub(crate) const VOCAB: usize = 32;
+pub(crate) const BATCH: usize = 8;
+pub(crate) const TIME: usize = 16;
 
-type B<G> = TrainBackend<G>;
+pub(crate) type B<G> = TrainBackend<G>;
 
-fn adam<G: Stack>() -> CapturableAdam<B<G>> {
+pub(crate) fn adam<G: Stack>() -> CapturableAdam<B<G>> {
     CapturableAdamConfig::new()
         .with_learning_rate(LR)
         .init(&device())
@@ -68,17 +67,17 @@ fn lm_bytes() -> Vec<u8> {
     to_bytes(lm_config().init::<burn::backend::Flex>(&Default::default()))
 }
 
-fn lm_loss<G: Stack>(model: &CharLm<B<G>>, batch: &TokenBatch<B<G>>) -> Tensor<B<G>, 1> {
+pub(crate) fn lm_loss<G: Stack>(model: &CharLm<B<G>>, batch: &TokenBatch<B<G>>) -> Tensor<B<G>, 1> {
     model.loss(batch.tokens.clone(), batch.targets.clone())
 }
 
 /// What one training run produced.
 #[derive(Debug, Default)]
-struct Run {
-    losses: Vec<f32>,
-    modes: Vec<StepMode>,
-    params: Vec<Vec<f32>>,
-    report: Option<TrainerReport>,
+pub(crate) struct Run {
+    pub(crate) losses: Vec<f32>,
+    pub(crate) modes: Vec<StepMode>,
+    pub(crate) params: Vec<Vec<f32>>,
+    pub(crate) report: Option<TrainerReport>,
 }
 
 /// A trainer with this module's Adam.
@@ -141,7 +140,7 @@ where
 }
 
 /// The first step whose losses differ in their bits, if any.
-fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+pub(crate) fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
     a.iter()
         .zip(b)
         .position(|(x, y)| x.to_bits() != y.to_bits())
@@ -169,7 +168,7 @@ fn phase(name: &str) {
 }
 
 /// Asserts a graphed run equal to the eager one (losses and parameters), printing how.
-fn check(case: &str, graphed: &Run, eager: &Run) {
+pub(crate) fn check(case: &str, graphed: &Run, eager: &Run) {
     if let Some(step) = first_difference(&graphed.losses, &eager.losses) {
         println!(
             "[{case}] losses first differ at step {step} ({:?})",
@@ -701,134 +700,6 @@ fn first_steps_vs_plain<G: Stack>(variant: FirstSteps) {
     );
 }
 
-/// Events of the layout test, by step.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Entry {
-    /// The model comes back from its record: its tensors fresh uploads.
-    Reload,
-    /// `take_model` and `put_model`: plain code keeps its model as it is.
-    TakePut,
-    /// The batch's tokens are a transposed view (other strides, same values).
-    Transposed,
-}
-
-fn entry_at(step: usize) -> Option<Entry> {
-    match step {
-        // Just before the last warmup step, which pins (fuzz seed 281).
-        s if s == WARMUP - 1 => Some(Entry::Reload),
-        12 => Some(Entry::TakePut),
-        20 => Some(Entry::Reload),
-        28 => Some(Entry::Transposed),
-        _ => None,
-    }
-}
-
-/// `batch` with its tokens as a transposed view of a `[time, batch]` upload.
-fn transposed<G: Stack>(batch: TokenBatch<B<G>>) -> TokenBatch<B<G>> {
-    let data = batch.tokens.clone().swap_dims(0, 1).into_data();
-    let tokens = Tensor::<B<G>, 2, Int>::from_data(data, &device()).swap_dims(0, 1);
-    TokenBatch { tokens, ..batch }
-}
-
-/// Layouts follow the model (fuzz seeds 145, 174, 199, 281): at a hidden width of 6
-/// the runtime pitches rows to 8, so a model loaded from a record lies as uploads do,
-/// unlike the packed outputs of an optimizer step, and kernels follow strides. Reloads
-/// (one just before the step that pins), a take-out and put-back, and a batch laid out
-/// otherwise: the trainer equals plain code bit for bit, and replays resume after each.
-fn layouts_follow_reloads_take_outs_and_batches<G: Stack>() {
-    let config = CharLmConfig::new(VOCAB, 6);
-    let bytes = to_bytes(config.init::<burn::backend::Flex>(&Default::default()));
-    let load = |bytes: Vec<u8>| load_bytes(config.init::<B<G>>(&device()), bytes, &device());
-    let steps = 40;
-    let batch_at = |task: &mut TokenTask, step: usize| {
-        let batch = task.next_batch(BATCH, TIME, &device());
-        if entry_at(step) == Some(Entry::Transposed) {
-            transposed::<G>(batch)
-        } else {
-            batch
-        }
-    };
-
-    let mut trainer = GraphTrainer::new(
-        load(bytes.clone()),
-        adam::<G>(),
-        lm_loss::<G>,
-        GraphTrainerConfig::new(),
-    );
-    let mut task = TokenTask::new(9, VOCAB);
-    let mut graphed_run = Run::default();
-    for step in 0..steps {
-        match entry_at(step) {
-            Some(Entry::Reload) => {
-                let record = to_bytes(trainer.model().expect("model").clone());
-                trainer.put_model(load(record));
-            }
-            Some(Entry::TakePut) => {
-                let model = trainer.take_model().expect("model");
-                trainer.put_model(model);
-            }
-            _ => {}
-        }
-        trainer.set_lr(lr_at(LR, step));
-        let outcome = trainer.step(batch_at(&mut task, step)).expect("step");
-        graphed_run.modes.push(outcome.mode);
-        graphed_run.losses.push(outcome.output.into_scalar().elem());
-    }
-    graphed_run.params = parameter_values(&trainer.model().expect("model").valid());
-    graphed_run.report = Some(trainer.report());
-
-    let mut model = load(bytes);
-    let mut optimizer = adam::<G>();
-    optimizer.init_state(&model);
-    materialize::<G>();
-    let mut task = TokenTask::new(9, VOCAB);
-    let mut eager_run = Run::default();
-    for step in 0..steps {
-        if entry_at(step) == Some(Entry::Reload) {
-            model = load(to_bytes(model.clone()));
-            // As `put_model` does (it reads the new buffers' identities).
-            materialize::<G>();
-        }
-        optimizer.set_lr(lr_at(LR, step));
-        let batch = batch_at(&mut task, step);
-        let l = lm_loss::<G>(&model, &batch);
-        let grads = GradientsParams::from_grads(l.backward(), &model);
-        model = optimizer.step(model, grads);
-        eager_run.losses.push(l.into_scalar().elem());
-    }
-    eager_run.params = parameter_values(&model.valid());
-
-    for (step, mode) in graphed_run.modes.iter().enumerate() {
-        println!("step {step} {:?}: {mode:?}", entry_at(step));
-    }
-    check(
-        &case::<G>("token lm width 6, reloads and take-outs"),
-        &graphed_run,
-        &eager_run,
-    );
-    let replays_after = |from: usize| {
-        graphed_run.modes[from..]
-            .iter()
-            .take_while(|mode| **mode != StepMode::Replayed)
-            .count()
-    };
-    for from in [WARMUP, 13, 21, 29] {
-        assert!(
-            replays_after(from) <= 3,
-            "step {from}: no replay within 3 steps: {:?}",
-            &graphed_run.modes[from..]
-        );
-    }
-    assert!(
-        matches!(
-            graphed_run.modes[28],
-            StepMode::Eager(FallbackReason::LayoutChanged { .. }) | StepMode::Replayed
-        ),
-        "the transposed batch: {:?}",
-        graphed_run.modes[28]
-    );
-}
-
 fn first_steps_without_capture_equal_plain_eager<G: Stack>() {
     first_steps_vs_plain::<G>(FirstSteps::CaptureOff);
 }
@@ -858,5 +729,4 @@ stack_tests!(
     snapshots_keep_their_values,
     batch_norm_graphs_and_equals_eager,
     tied_weights_graph_and_equal_eager,
-    layouts_follow_reloads_take_outs_and_batches,
 );

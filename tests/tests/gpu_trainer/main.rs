@@ -11,6 +11,8 @@
 //!   every 100th replay equal to an eager step from the same state;
 //! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,
 //!   snapshots, BatchNorm and tied weights;
+//! - `layouts`: a model reloaded, put back or laid out otherwise trains as plain code on
+//!   it does, and the trainer pins again where its layout moved;
 //! - `faults` (feature `fault-injection`): issue 14's injected failures, one per stage of
 //!   a graph's life;
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
@@ -53,6 +55,7 @@ mod faults;
 mod fused_lstm;
 mod guards;
 mod inputs;
+mod layouts;
 mod memory;
 #[path = "../common/models.rs"]
 mod models;
