@@ -109,6 +109,20 @@ pub fn device() -> CudaGraphDevice {
 /// changes which kernels that step launches; the two runs would then compute the same
 /// step with other kernels, which may round apart (issue 11's cold divergence,
 /// `bench/results/inputs-2026-12-01.md`).
+/// Device bytes the runtime holds for tensors and graphs: in use in the normal pools and
+/// the arena, and reserved by graphs' private pools (live graphs, and retired pools whose
+/// handles are not all gone).
+pub fn device_bytes() -> (u64, u64, u64) {
+    burn_graph_capture::runtime::with_server(&device(), |server| {
+        (
+            server.pool_usage().bytes_in_use,
+            server.arena_usage().bytes_in_use,
+            server.graph_pool_bytes(),
+        )
+    })
+    .expect("server")
+}
+
 pub fn materialize<G: Stack>() {
     G::sync(&device()).expect("device sync");
 }

@@ -7,26 +7,10 @@
 use burn_graph_capture::runtime::fault::{FaultStage, arm, disarm_all, fired};
 use burn_graph_capture::{FallbackReason, GraphTrainerConfig, StepMode};
 
-use burn_graph_capture::runtime::with_server;
-
 use crate::common::{
-    MEDIUM, Plan, Stack, WARMUP, adam, device, eager_run, graphed_run, model_bytes, nothing,
-    run_length,
+    MEDIUM, Plan, Stack, WARMUP, adam, device, device_bytes, eager_run, graphed_run, model_bytes,
+    nothing, run_length,
 };
-
-/// Device bytes the runtime holds for tensors and graphs: in use in the normal pools and
-/// the arena, and reserved by graphs' private pools (live graphs, and retired pools whose
-/// handles are not all gone).
-fn device_bytes() -> (u64, u64, u64) {
-    with_server(&device(), |server| {
-        (
-            server.pool_usage().bytes_in_use,
-            server.arena_usage().bytes_in_use,
-            server.graph_pool_bytes(),
-        )
-    })
-    .expect("server")
-}
 
 /// Steps per run: warmup, capture and a few replays.
 const STEPS: usize = 8;

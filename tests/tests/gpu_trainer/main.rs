@@ -6,7 +6,8 @@
 //! - `guards`: shared parameters, eager work between replays, a trainer dropped with
 //!   replays in flight, a smaller last batch (small sizes: these also run under
 //!   compute-sanitizer);
-//! - `memory`: device memory in use is flat over 1,000 replays;
+//! - `memory`: device memory in use is flat over 1,000 replays, and over trainers that
+//!   capture and are dropped;
 //! - `soak`: issue 14's soak, 10,000 replays of the reference step: memory and RSS flat,
 //!   every 100th replay equal to an eager step from the same state;
 //! - `inputs`: issue 11's acceptance: token inputs, unlisted inputs, constants,

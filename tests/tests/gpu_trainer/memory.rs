@@ -1,4 +1,5 @@
-//! Device memory is flat over 1,000 replays (issue 5, acceptance 6).
+//! Device memory is flat over 1,000 replays (issue 5, acceptance 6), and over trainers
+//! that capture and are dropped, one after another.
 //!
 //! Tolerance: bytes in use must be exactly equal at replay 100 and replay 1,000. Each
 //! step allocates the same transient tensors (the uploaded batch, the learning-rate
@@ -12,9 +13,10 @@ use burn_graph_capture::StepMode;
 use lstm_example::SineTask;
 
 use crate::common::{
-    D_INPUT, MEDIUM, Stack, WARMUP, adam_trainer, batch, device, lr_at, model_bytes, pool_usage,
-    run_length,
+    D_INPUT, MEDIUM, Plan, Stack, WARMUP, adam, adam_trainer, batch, device, device_bytes,
+    graphed_run, lr_at, model_bytes, nothing, pool_usage, run_length,
 };
+use burn_graph_capture::GraphTrainerConfig;
 
 /// Replays per run (before `run_length`); memory is measured at a tenth and at the end.
 const REPLAYS: usize = 1000;
@@ -58,5 +60,48 @@ fn memory_is_flat_over_1000_replays<G: Stack>() {
     );
 }
 
+/// Trainers that capture, replay and are dropped leave nothing behind: after the 20th,
+/// the runtime holds the device bytes it held after the first (each graph's private pool
+/// goes with its graph). The fault-injection suite found a pool kept per trainer on the
+/// fused stack after a failed replay (`bench/results/reliability-2026-12-01.md`); this
+/// tells whether a plain drop keeps one too.
+fn dropped_trainers_release_their_graph_pools<G: Stack>() {
+    let bytes = model_bytes(MEDIUM);
+    let plan = Plan {
+        sizes: MEDIUM,
+        seed: 52,
+        steps: WARMUP + 4,
+        base_lr: 1e-2,
+    };
+    let rounds = run_length(20).max(2);
+    let mut usage = Vec::new();
+    for round in 0..rounds {
+        let run = graphed_run::<G, _>(
+            plan,
+            &bytes,
+            adam::<G>(),
+            GraphTrainerConfig::new(),
+            &mut nothing::<G>,
+        );
+        assert!(
+            run.modes.contains(&StepMode::Replayed),
+            "round {round}: no replay: {:?}",
+            run.modes
+        );
+        if round == 0 || round + 1 == rounds {
+            G::sync(&device()).expect("sync");
+            usage.push(device_bytes());
+        }
+    }
+    println!("(pools, arena, graph pools) bytes after trainer 1 and {rounds}: {usage:?}");
+    assert_eq!(
+        usage[0], usage[1],
+        "device bytes grew over dropped trainers"
+    );
+}
+
 // On the issue's stack (Fusion over CubeCL on this runtime) and on plain CubeCL.
-stack_tests!(memory_is_flat_over_1000_replays);
+stack_tests!(
+    memory_is_flat_over_1000_replays,
+    dropped_trainers_release_their_graph_pools
+);
