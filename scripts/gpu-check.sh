@@ -432,8 +432,10 @@ reliability_stage() {
 # the sanitizer, and gpu_runtime. Each process runs in a directory of its own, with its
 # own cubecl.toml, so that no two write one autotune cache.
 #   SUITE_PARTS     trainer modules at full length (default: inputs correctness guards memory;
-#                   also faults, fused_lstm, soak: 10,000 replays of b32/t64/h256, about
-#                   3 min per stack warm)
+#                   also faults, fused_lstm, layouts, soak: 10,000 replays of
+#                   b32/t64/h256, about 3 min per stack warm). A part may name one stack,
+#                   e.g. faults::fused (faults takes over 9 min for both stacks side by side
+#                   with other parts: split it)
 #   SUITE_MEMCHECK  trainer modules under memcheck (default: the same four)
 #   SUITE_RUNTIME   1 (default) to run gpu_runtime too; SUITE_TIMEOUT seconds each (560)
 suite_stage() {
