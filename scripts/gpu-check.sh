@@ -15,7 +15,9 @@
 #       perf (= speed + ncu + torch), memcheck (= memcheck-runtime, on gpu_runtime and
 #       gpu_capture, + memcheck-trainer, on gpu_trainer), bench (= perf + the eager runtime bench),
 #       conformance (CubeCL's own suites, from the separate workspace conformance/),
-#       precision (matmul/sum of both stacks against an f64 reference).
+#       precision (matmul/sum of both stacks against an f64 reference),
+#       matmul (CubeCL's matmul against cuBLAS at the LSTM step's shapes; GPU_PACK must
+#       include gpu_matmul).
 #
 # Issue 5 speed stages (see the comment above `speed_stages` for their environment):
 #   speed  tests/benches/gpu_graph_speed: graphed/eager/stock ms per step, capture cost, memory;
@@ -60,7 +62,7 @@ pack() {
         # With the fault-injection hooks (armed only by its `faults::` tests).
         gpu_trainer) src=$(test_binary integration-tests gpu_trainer test "cuda fault-injection") ;;
         fuzz | threads | shared_embedding) src=$(test_binary integration-tests "$name") ;;
-        gpu_graph_speed) src=$(test_binary integration-tests gpu_graph_speed bench) ;;
+        gpu_graph_speed | gpu_matmul) src=$(test_binary integration-tests "$name" bench) ;;
         runtime_eager_bench)
             cargo build --release --features cuda -p burn-graph-capture --example runtime_eager_bench \
                 && src="${CARGO_TARGET_DIR:-target}/release/examples/runtime_eager_bench" ;;
@@ -225,7 +227,7 @@ run() {
     # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
     local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads shared_embedding; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed gpu_matmul runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads shared_embedding; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -284,6 +286,14 @@ run() {
         cubecl_setup
         examples_stage "$bin" "$out"
         tar -czf "$out/examples.tar.gz" -C "$out" examples && rm -rf "$out/examples"
+        cubecl_save
+    fi
+    if [[ $what == matmul ]]; then
+        # CubeCL's matmul against cuBLAS at the LSTM step's GEMM shapes, with errors
+        # against an f64 reference (issue 12, part 2). About a minute warm.
+        cubecl_setup
+        (cd "$cubecl_dir" && timeout "${MATMUL_TIMEOUT:-300}" "$bin/gpu_matmul") 2>&1 | tee "$out/matmul.log"
+        status[matmul]=${PIPESTATUS[0]}
         cubecl_save
     fi
     speed_stages "$what"
