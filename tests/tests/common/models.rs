@@ -27,6 +27,29 @@ pub fn materialized<B: Backend, M: Module<B>>(module: M) -> M {
     module.map(&mut Draw)
 }
 
+/// Maps every matrix of a module to a transposed view of its transpose's upload: the
+/// same values with other strides (`[1, rows]`), as a user's own tensors may lie. Kernels
+/// follow strides, so a trainer must pin again where such parameters leave their layout.
+pub struct TransposedViews;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for TransposedViews {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 2 {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let inner = tensor.inner();
+        let data = inner.clone().swap_dims(0, 1).into_data();
+        let view = Tensor::<B::InnerBackend, D>::from_data(data, &inner.device()).swap_dims(0, 1);
+        let mut tensor = Tensor::from_inner(view);
+        if require_grad {
+            tensor = tensor.require_grad();
+        }
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
 /// `Linear` → `BatchNorm` → ReLU → `Linear`, regressing one value.
 #[derive(Module, Debug)]
 pub struct BnMlp<B: Backend> {

@@ -8,16 +8,16 @@
 //! plain code does, bit for bit, pin again where the parameters' layout moved, and
 //! resume replays after each event.
 
-use burn::module::{AutodiffModule, ModuleMapper, Param};
+use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
 use crate::common::{Stack, WARMUP, case, device, lr_at, materialize, stack_name};
 use crate::inputs::{B, BATCH, LR, Run, TIME, VOCAB, adam, check, lm_loss};
+use crate::models::TransposedViews;
 
 /// What happens before a step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -41,27 +41,6 @@ fn entry_at(step: usize) -> Option<Entry> {
         20 => Some(Entry::Reload),
         28 => Some(Entry::TransposedBatch),
         _ => None,
-    }
-}
-
-/// Every matrix of a module as a transposed view of its transpose's upload.
-struct TransposedViews;
-
-impl<Bk: AutodiffBackend> ModuleMapper<Bk> for TransposedViews {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Bk, D>>) -> Param<Tensor<Bk, D>> {
-        if D != 2 {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
-        let inner = tensor.inner();
-        let data = inner.clone().swap_dims(0, 1).into_data();
-        let view = Tensor::<Bk::InnerBackend, D>::from_data(data, &inner.device()).swap_dims(0, 1);
-        let mut tensor = Tensor::from_inner(view);
-        if require_grad {
-            tensor = tensor.require_grad();
-        }
-        Param::from_mapped_value(id, tensor, mapper)
     }
 }
 
