@@ -315,14 +315,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         };
         let fatal = |error| Fallback::Trainer(FallbackReason::Graph(error));
         for (input, tensor) in step.inputs.iter().zip(inputs) {
-            G::copy_into(input, tensor).map_err(|error| match error {
-                // This batch lies unlike the one captured: eager code on it would launch
-                // other kernels. The graph stays for batches laid out as recorded.
-                GraphError::LayoutDiffers { .. } => {
-                    Fallback::Once(FallbackReason::from_graph_error(error))
-                }
-                other => fatal(other),
-            })?;
+            // A batch laid out unlike the one captured runs eagerly, as eager code on it
+            // would launch other kernels; the graph stays for batches laid out as recorded.
+            G::copy_into(input, tensor).map_err(|error| once_if_layout(error, fatal))?;
         }
         G::replay(&step.graph).map_err(fatal)?;
         Ok(owned_copy(&step.outputs))
@@ -474,11 +469,10 @@ where
 {
     let item = learner.train(step_fn, batch).map_err(Fallback::Step)?;
     let model = learner.model().clone();
-    seat(pins, learner, model).map_err(|error| match error {
-        // The step left values laid out unlike the pins: this capture is dropped, and
-        // the eager step instead pins them again as they lie (`Graphs::seat_model`).
-        GraphError::LayoutDiffers { .. } => Fallback::Once(FallbackReason::from_graph_error(error)),
-        other => Fallback::Shape(FallbackReason::Graph(other)),
+    // Values the step left laid out unlike the pins drop this capture; the eager step
+    // instead pins them again as they lie (`Graphs::seat_model`).
+    seat(pins, learner, model).map_err(|error| {
+        once_if_layout(error, |other| Fallback::Shape(FallbackReason::Graph(other)))
     })?;
     Ok(detached(&item))
 }
@@ -503,6 +497,15 @@ where
         },
     );
     failed.map_or(Ok(()), Err)
+}
+
+/// A layout difference runs this step eagerly with `LayoutChanged`; any other error
+/// falls back as `otherwise` says.
+fn once_if_layout(error: GraphError, otherwise: impl FnOnce(GraphError) -> Fallback) -> Fallback {
+    match error {
+        GraphError::LayoutDiffers { .. } => Fallback::Once(FallbackReason::from_graph_error(error)),
+        other => otherwise(other),
+    }
 }
 
 /// Pinned copies of the batch's tensors: the static inputs a capture records (and the
