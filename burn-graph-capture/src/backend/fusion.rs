@@ -13,6 +13,8 @@
 use burn_fusion::{Fusion, FusionBackend, FusionTensor, NoOp, client::GlobalFusionClient};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
+use burn_backend::StreamId;
+
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
 
 /// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.
@@ -120,6 +122,17 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         // Work queued before the replay (its inputs, reads of the last loss) runs first.
         drain::<B>(&graph.device);
         B::replay(&graph.graph)
+    }
+
+    fn hand_over(tensor: AnyTensor<Self>, caller: StreamId) -> AnyTensor<Self> {
+        if fused(&tensor).stream == caller {
+            return tensor;
+        }
+        // Resolved on the stream that made it (no cross-stream use), registered anew on
+        // the caller's; `tensor` itself is dropped on its own stream, whose queue the
+        // capture drains before its window closes.
+        let inner = resolve::<B>(&tensor);
+        caller.executes(|| rewrapped(&tensor, inner))
     }
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {

@@ -4,7 +4,7 @@
 //! code runs on CUDA (real graphs) and on CPU backends (honest "no graphs": every step
 //! eager, every guard still exercised).
 
-use burn_backend::Backend;
+use burn_backend::{Backend, StreamId};
 use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
@@ -126,6 +126,16 @@ pub trait GraphBackend:
     /// Launches the graph once.
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
 
+    /// `tensor`, made inside a [`capture`](Self::capture)'s step, as a tensor of the
+    /// caller's stream `caller` (the same buffer): what a captured step hands back.
+    /// Fusion tracks the stream each tensor was made on, and a capture stream runs
+    /// nothing after its window, so a tensor of it that the caller's stream used would
+    /// stay tracked as shared, its buffer (and the graph's pool) never freed. The
+    /// default, for backends without streams of their own, returns `tensor`.
+    fn hand_over(tensor: AnyTensor<Self>, _caller: StreamId) -> AnyTensor<Self> {
+        tensor
+    }
+
     /// Moves a tensor's values into the arena, where its address stays fixed.
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError>;
 
@@ -171,6 +181,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
         B::replay(graph)
+    }
+
+    fn hand_over(tensor: AnyTensor<Self>, caller: StreamId) -> AnyTensor<Self> {
+        AnyTensor::from_inner(B::hand_over(tensor.into_inner(), caller))
     }
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {

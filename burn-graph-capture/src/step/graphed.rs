@@ -13,6 +13,8 @@
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
+use burn_backend::StreamId;
+
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 
@@ -23,7 +25,7 @@ use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
 use super::learner::Learner;
 use super::mode::FallbackReason;
-use super::output::{StepOutput, detached, owned_copy};
+use super::output::{StepOutput, owned_copy};
 use super::pinning::{Pinned, copy_float};
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
@@ -245,9 +247,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         // (which takes the model): the pins still hold its values, since nothing ran.
         let before = learner.model().clone();
         let session = CaptureSession::begin();
+        let caller = StreamId::current();
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
             G::capture(device, || {
-                record_step(learner, step_fn, &static_batch, pins)
+                record_step(learner, step_fn, &static_batch, pins, caller)
             })
         }));
         let recording = session.finish();
@@ -453,12 +456,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 }
 
 /// The body of a captured step: the shared training step, then the write-back of the
-/// new values into the pins. Returns the step's item, detached.
+/// new values into the pins. Returns the step's item, detached and handed over to the
+/// `caller`'s stream (`GraphBackend::hand_over`).
 fn record_step<G, M, O, I, F, R>(
     learner: &mut Learner<M, O>,
     step_fn: &mut F,
     batch: &I,
     pins: &Pinned<G>,
+    caller: StreamId,
 ) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,
@@ -474,7 +479,12 @@ where
     seat(pins, learner, model).map_err(|error| {
         once_if_layout(error, |other| Fallback::Shape(FallbackReason::Graph(other)))
     })?;
-    Ok(detached(&item))
+    let handed: Vec<_> = item
+        .tensors()
+        .into_iter()
+        .map(|tensor| AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller)))
+        .collect();
+    Ok(item.with_tensors(&mut handed.into_iter()))
 }
 
 /// Makes `model` the learner's, with its values copied into `pins` and its tensors
