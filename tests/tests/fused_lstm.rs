@@ -115,40 +115,50 @@ fn unsupported_options_and_bad_stacks_are_refused_by_name() {
 
 const TIME: usize = 16;
 
-/// Matmuls of one forward and backward pass, as the decorator records them.
-fn matmuls_per_step<M: AutodiffModule<Autodiff<GraphCapture<Flex>>>>(
+/// The ops of one forward and backward pass, as the decorator records them.
+fn ops_per_step<M: AutodiffModule<Autodiff<GraphCapture<Flex>>>>(
     forward: impl Fn(
         &M,
         Tensor<Autodiff<GraphCapture<Flex>>, 3>,
     ) -> Tensor<Autodiff<GraphCapture<Flex>>, 3>,
     model: &M,
-) -> usize {
+) -> Vec<&'static str> {
     let x = Tensor::random([4, TIME, 8], Distribution::Default, &Default::default()).require_grad();
     let ((), recording) = CaptureSession::record(|| {
         let _grads = forward(model, x).sum().backward();
     });
-    let ops = recording.signature.ops();
-    ops.iter()
-        .filter(|op| op.op.contains("matmul") || op.op.contains("linear"))
-        .count()
+    recording.signature.ops().iter().map(|op| op.op).collect()
 }
 
-/// The batched form: per step one recurrent GEMM forward and one backward; the input
-/// GEMM, the input gradient and both weight gradients once per sequence. `nn::Lstm` runs
-/// eight GEMMs per step forward and differentiates each.
+fn count(ops: &[&str], wanted: impl Fn(&str) -> bool) -> usize {
+    ops.iter().filter(|op| wanted(op)).count()
+}
+
+/// The batched form: the recurrence is one op each way (its per-step GEMMs and cell
+/// kernels are the inner backend's), beside the input GEMM and its two gradients, once
+/// per sequence. `nn::Lstm` runs eight GEMMs per step forward and differentiates each.
 #[test]
-fn a_step_runs_one_recurrent_gemm_each_way_per_time_step() {
+fn the_recurrence_is_one_op_each_way_and_three_gemms_per_layer() {
     type G = Autodiff<GraphCapture<Flex>>;
     let device = Default::default();
     let config = LstmConfig::new(8, 16, true);
     let bytes = to_bytes(config.init::<Flex>(&device));
     let reference: Lstm<G> = load_bytes(config.init::<G>(&device), bytes, &device);
     let fused = FusedLstm::from_lstm(&reference).unwrap();
-    let stock = matmuls_per_step(|m: &Lstm<G>, x| m.forward(x, None).0, &reference);
-    let ours = matmuls_per_step(|m: &FusedLstm<G>, x| m.forward(x, None).0, &fused);
-    println!("matmuls per forward+backward at b4/t{TIME}/h16: nn::Lstm {stock}, FusedLstm {ours}");
-    assert_eq!(ours, 2 * TIME + 4);
-    assert!(stock >= 8 * TIME * 2, "nn::Lstm: {stock}");
+    let stock = ops_per_step(|m: &Lstm<G>, x| m.forward(x, None).0, &reference);
+    let ours = ops_per_step(|m: &FusedLstm<G>, x| m.forward(x, None).0, &fused);
+    let matmuls = |ops: &[&str]| count(ops, |op| op.contains("matmul") || op.contains("linear"));
+    println!(
+        "ops per forward+backward at b4/t{TIME}/h16: nn::Lstm {} ({} matmuls), FusedLstm {} ({} matmuls)",
+        stock.len(),
+        matmuls(&stock),
+        ours.len(),
+        matmuls(&ours)
+    );
+    assert_eq!(count(&ours, |op| op == "lstm_forward"), 1, "{ours:?}");
+    assert_eq!(count(&ours, |op| op == "lstm_backward"), 1, "{ours:?}");
+    assert_eq!(matmuls(&ours), 3, "{ours:?}");
+    assert!(matmuls(&stock) >= 8 * TIME * 2, "nn::Lstm: {stock:?}");
 }
 
 /// The reference model with its `nn::Lstm` swapped for the fused one.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
+use crate::nn::LstmKernels;
 
 /// Identity of a tensor's storage, stable while that storage lives.
 ///
@@ -88,14 +89,16 @@ pub enum RuntimeFailure {
 /// Capture, replay and pinning, as an inner backend provides them.
 ///
 /// Every tensor primitive names its allocation ([`Allocated`]), so that a capture
-/// session can tell which buffers a step reads without producing them.
+/// session can tell which buffers a step reads without producing them. The backend also
+/// says how it runs [`FusedLstm`](crate::nn::FusedLstm)'s recurrence ([`LstmKernels`]:
+/// an empty impl takes the plain tensor ops), which the decorator forwards to it.
 pub trait GraphBackend:
     Backend<
         FloatTensorPrimitive: Allocated,
         IntTensorPrimitive: Allocated,
         BoolTensorPrimitive: Allocated,
         QuantizedTensorPrimitive: Allocated,
-    >
+    > + LstmKernels
 {
     /// An instantiated, replayable graph. Dropping it releases the graph and everything
     /// retained for it, once the device has finished with it.

@@ -11,7 +11,6 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::recurrence;
-use crate::backend::{GraphBackend, GraphCapture};
 
 fn tensor<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
@@ -25,11 +24,13 @@ fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B>
 /// as one op.
 ///
 /// Shapes: `xp` `[batch, time, 4H]` (the input projection, gates packed
-/// `[input, forget, cell, output]`), `wh` `[H, 4H]`, `h0` and `c0` `[batch, H]`; the
-/// output is `[batch, time, 2H]`, each step's hidden state then its cell state. On
-/// `Autodiff` it is one node with its own backward ([`LstmKernels`] of the inner backend).
+/// `[input, forget, cell, output]`; any strides), `wh` `[H, 4H]`, `h0` and `c0`
+/// `[batch, H]`; the output is the states `[2, time + 1, batch, H]`: hidden states at
+/// `[0]`, cell states at `[1]`, the initial state at time index 0 and step `t`'s at
+/// `t + 1`. On `Autodiff` it is one node with its own backward ([`LstmKernels`] of the
+/// inner backend).
 pub trait LstmBackend: Backend {
-    /// The recurrence's output.
+    /// The recurrence's states.
     fn lstm_recurrence(
         xp: FloatTensor<Self>,
         wh: FloatTensor<Self>,
@@ -39,62 +40,75 @@ pub trait LstmBackend: Backend {
 }
 
 /// How a backend without autodiff computes the recurrence and its gradient. Plain
-/// tensor ops by default; a backend with fused kernels overrides the methods.
+/// tensor ops by default (`recurrence`); the CubeCL stacks override both with fused
+/// kernels.
 pub trait LstmKernels: Backend {
-    /// The output and the activated gates `[batch, time, 4H]` that the backward reads.
+    /// The states and the activated gates `[time, batch, 4H]` that the backward reads.
     fn lstm_forward(
         xp: FloatTensor<Self>,
         wh: FloatTensor<Self>,
         h0: FloatTensor<Self>,
         c0: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (out, gates) =
-            recurrence::forward::<Self>(tensor(xp), tensor(wh), tensor(h0), tensor(c0));
-        (primitive(out), primitive(gates))
+        plain_forward::<Self>(xp, wh, h0, c0)
     }
 
-    /// Gradients of `(xp, wh, h0, c0)` from the output's gradient `d_out`.
-    fn lstm_backward(d_out: FloatTensor<Self>, saved: LstmSaved<Self>) -> [FloatTensor<Self>; 4] {
-        let (d_xp, d_wh, d_h0, d_c0) = recurrence::backward::<Self>(
-            tensor(d_out),
-            tensor(saved.out),
-            tensor(saved.gates),
-            tensor(saved.wh),
-            tensor(saved.h0),
-            tensor(saved.c0),
-        );
-        [
-            primitive(d_xp),
-            primitive(d_wh),
-            primitive(d_h0),
-            primitive(d_c0),
-        ]
+    /// Gradients of `(xp, wh, h0, c0)` from the states' gradient `d_states`.
+    fn lstm_backward(
+        d_states: FloatTensor<Self>,
+        saved: LstmSaved<Self>,
+    ) -> [FloatTensor<Self>; 4] {
+        plain_backward::<Self>(d_states, saved)
     }
+}
+
+/// [`LstmKernels::lstm_forward`] in plain tensor ops (`recurrence::forward`).
+pub(crate) fn plain_forward<B: Backend>(
+    xp: FloatTensor<B>,
+    wh: FloatTensor<B>,
+    h0: FloatTensor<B>,
+    c0: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (states, gates) = recurrence::forward::<B>(tensor(xp), tensor(wh), tensor(h0), tensor(c0));
+    (primitive(states), primitive(gates))
+}
+
+/// [`LstmKernels::lstm_backward`] in plain tensor ops (`recurrence::backward`).
+pub(crate) fn plain_backward<B: Backend>(
+    d_states: FloatTensor<B>,
+    saved: LstmSaved<B>,
+) -> [FloatTensor<B>; 4] {
+    let (d_xp, d_wh, d_h0, d_c0) = recurrence::backward::<B>(
+        tensor(d_states),
+        tensor(saved.states),
+        tensor(saved.gates),
+        tensor(saved.wh),
+    );
+    [
+        primitive(d_xp),
+        primitive(d_wh),
+        primitive(d_h0),
+        primitive(d_c0),
+    ]
 }
 
 /// What the recurrence's backward reads from its forward.
 #[derive(Debug)]
 pub struct LstmSaved<B: Backend> {
-    /// The forward's output, `[batch, time, 2H]`.
-    pub out: FloatTensor<B>,
-    /// The activated gates, `[batch, time, 4H]`.
+    /// The forward's states, `[2, time + 1, batch, H]`.
+    pub states: FloatTensor<B>,
+    /// The activated gates, `[time, batch, 4H]`.
     pub gates: FloatTensor<B>,
     /// The recurrent weight, `[H, 4H]`.
     pub wh: FloatTensor<B>,
-    /// The initial hidden state, `[batch, H]`.
-    pub h0: FloatTensor<B>,
-    /// The initial cell state, `[batch, H]`.
-    pub c0: FloatTensor<B>,
 }
 
 impl<B: Backend> Clone for LstmSaved<B> {
     fn clone(&self) -> Self {
         Self {
-            out: self.out.clone(),
+            states: self.states.clone(),
             gates: self.gates.clone(),
             wh: self.wh.clone(),
-            h0: self.h0.clone(),
-            c0: self.c0.clone(),
         }
     }
 }
@@ -113,32 +127,6 @@ impl<B: LstmKernels> LstmBackend for B {
 
 #[cfg(feature = "flex")]
 impl LstmKernels for burn_flex::Flex {}
-
-/// The decorator records the recurrence's ops like any others.
-impl<B: GraphBackend> LstmKernels for GraphCapture<B> {}
-
-/// Stock burn-cuda (and any CubeCL stack, with or without fusion) runs the module too.
-#[cfg(feature = "cuda")]
-mod cubecl_stacks {
-    use super::LstmKernels;
-    use burn_backend::DeviceOps;
-    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-    use burn_fusion::{Fusion, FusionBackend};
-    use cubecl_runtime::server::ComputeServer;
-
-    impl<B: FusionBackend> LstmKernels for Fusion<B> {}
-
-    impl<R, F, I, BT> LstmKernels for CubeBackend<R, F, I, BT>
-    where
-        R: CubeRuntime,
-        R::Server: ComputeServer,
-        R::Device: DeviceOps,
-        F: FloatElement,
-        I: IntElement,
-        BT: BoolElement,
-    {
-    }
-}
 
 /// The recurrence as one autodiff node with its own backward.
 impl<B: LstmKernels, C: CheckpointStrategy> LstmBackend for Autodiff<B, C> {
@@ -160,22 +148,20 @@ impl<B: LstmKernels, C: CheckpointStrategy> LstmBackend for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (wh, h0, c0) = (wh.primitive, h0.primitive, c0.primitive);
-                let (out, gates) =
-                    B::lstm_forward(xp.primitive, wh.clone(), h0.clone(), c0.clone());
+                let wh = wh.primitive;
+                let (states, gates) =
+                    B::lstm_forward(xp.primitive, wh.clone(), h0.primitive, c0.primitive);
                 let saved = LstmSaved {
-                    out: out.clone(),
+                    states: states.clone(),
                     gates,
                     wh,
-                    h0,
-                    c0,
                 };
-                prep.finish(saved, out)
+                prep.finish(saved, states)
             }
             OpsKind::UnTracked(prep) => {
-                let (out, _gates) =
+                let (states, _gates) =
                     B::lstm_forward(xp.primitive, wh.primitive, h0.primitive, c0.primitive);
-                prep.finish(out)
+                prep.finish(states)
             }
         }
     }
@@ -189,8 +175,8 @@ impl<B: LstmKernels> Backward<B, 4> for RecurrenceBackward {
     type State = LstmSaved<B>;
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_out = grads.consume::<B>(&ops.node);
-        let gradients = B::lstm_backward(d_out, ops.state);
+        let d_states = grads.consume::<B>(&ops.node);
+        let gradients = B::lstm_backward(d_states, ops.state);
         for (parent, gradient) in ops.parents.into_iter().zip(gradients) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, gradient);

@@ -9,11 +9,15 @@
 //! - its own backward: per step, one GEMM for the hidden gradient and the gate
 //!   gradients; the recurrent weight gradient once, over the whole sequence.
 //!
-//! The recurrence runs through plain tensor ops on every backend today, so the CPU tests
-//! check the numerics; a backend can override the trait's methods with fused kernels.
+//! On the CubeCL stacks (feature `cuda`) the recurrence runs fused CubeCL kernels, one
+//! per step each way, beside the GEMMs; on other backends it runs the same arithmetic in
+//! plain tensor ops, so the CPU tests check the numerics.
 
 mod backend;
 mod convert;
+#[cfg(feature = "cuda")]
+mod cube;
+mod decorated;
 mod module;
 mod recurrence;
 

@@ -106,12 +106,10 @@ impl<B: LstmBackend> FusedLstm<B> {
         input: Tensor<B, 3>,
         state: Option<LstmState<B, 3>>,
     ) -> (Tensor<B, 3>, LstmState<B, 3>) {
-        let mut x = if self.batch_first {
-            input
-        } else {
-            input.swap_dims(0, 1)
-        };
-        let [batch, time, _] = x.dims();
+        // Layers after the first read the one before time-major, as its states lie.
+        let (mut x, mut time_major) = (input, !self.batch_first);
+        let [d0, d1, _] = x.dims();
+        let (batch, time) = if time_major { (d1, d0) } else { (d0, d1) };
         let hidden = self.d_hidden;
         let device = x.device();
         let (mut cells, mut hiddens) = (Vec::new(), Vec::new());
@@ -126,20 +124,24 @@ impl<B: LstmBackend> FusedLstm<B> {
                     Tensor::zeros([batch, hidden], &device),
                 ),
             };
-            let out = layer.forward(x, h0, c0);
-            let last = |from: usize| {
-                out.clone()
-                    .slice([0..batch, time - 1..time, from..from + hidden])
+            let states = layer.forward(x, time_major, h0, c0);
+            let last = |kind: usize| {
+                states
+                    .clone()
+                    .slice([kind..kind + 1, time..time + 1, 0..batch, 0..hidden])
                     .reshape([batch, hidden])
             };
             hiddens.push(last(0));
-            cells.push(last(hidden));
-            x = out.slice([0..batch, 0..time, 0..hidden]);
+            cells.push(last(1));
+            x = states
+                .slice([0..1, 1..time + 1, 0..batch, 0..hidden])
+                .reshape([time, batch, hidden]);
+            time_major = true;
         }
         let output = if self.batch_first {
-            x
-        } else {
             x.swap_dims(0, 1)
+        } else {
+            x
         };
         let state = LstmState::new(Tensor::stack(cells, 0), Tensor::stack(hiddens, 0));
         (output, state)
@@ -156,23 +158,34 @@ fn layer_state<B: Backend>(state: &Tensor<B, 3>, index: usize) -> Tensor<B, 2> {
 }
 
 impl<B: LstmBackend> FusedLstmLayer<B> {
-    /// The layer's recurrence output `[batch, time, 2H]` (hidden, then cell state).
-    fn forward(&self, x: Tensor<B, 3>, h0: Tensor<B, 2>, c0: Tensor<B, 2>) -> Tensor<B, 3> {
-        let [batch, time, d_input] = x.dims();
+    /// The layer's states `[2, time + 1, batch, H]` (see [`LstmBackend`]) from its input,
+    /// `[batch, time, d_input]`, or `[time, batch, d_input]` if `time_major`.
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        time_major: bool,
+        h0: Tensor<B, 2>,
+        c0: Tensor<B, 2>,
+    ) -> Tensor<B, 4> {
+        let [d0, d1, d_input] = x.dims();
         let [_, four_h] = self.input_weight.dims();
         let mut xp = x
-            .reshape([batch * time, d_input])
+            .reshape([d0 * d1, d_input])
             .matmul(self.input_weight.val())
-            .reshape([batch, time, four_h]);
+            .reshape([d0, d1, four_h]);
         for bias in [&self.input_bias, &self.hidden_bias].into_iter().flatten() {
             xp = xp + bias.val().reshape([1, 1, four_h]);
         }
-        let out = B::lstm_recurrence(
+        // The recurrence takes `[batch, time, 4H]`, whatever its strides.
+        if time_major {
+            xp = xp.swap_dims(0, 1);
+        }
+        let states = B::lstm_recurrence(
             xp.into_primitive().tensor(),
             self.hidden_weight.val().into_primitive().tensor(),
             h0.into_primitive().tensor(),
             c0.into_primitive().tensor(),
         );
-        Tensor::from_primitive(TensorPrimitive::Float(out))
+        Tensor::from_primitive(TensorPrimitive::Float(states))
     }
 }

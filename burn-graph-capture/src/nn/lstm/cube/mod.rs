@@ -1,0 +1,184 @@
+//! The recurrence on the CubeCL stacks (this crate's runtime and stock burn-cuda, with or
+//! without fusion): per step one recurrent GEMM and one fused cell kernel forward, one
+//! fused gate-gradient kernel and one GEMM backward; the recurrent weight gradient is
+//! one GEMM over the whole sequence.
+//!
+//! States, gates and gate gradients are allocated contiguous and time-major, so each
+//! step's GEMM operand is a view of one block (no copy where the block's offset meets
+//! the allocator's alignment, as it does at the usual sizes).
+
+mod fusion;
+mod kernels;
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
+use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl_runtime::server::ComputeServer;
+
+use super::backend::{LstmKernels, LstmSaved, plain_backward, plain_forward};
+
+/// Threads per cube of the cell kernels.
+const CUBE_THREADS: u32 = 256;
+
+type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+
+fn tensor<R, F, I, BT, const D: usize>(primitive: CubeTensor<R>) -> Tensor<Cube<R, F, I, BT>, D>
+where
+    R: CubeRuntime,
+    R::Server: ComputeServer,
+    R::Device: DeviceOps,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    Tensor::from_primitive(TensorPrimitive::Float(primitive))
+}
+
+/// Cubes covering one thread per `(batch, hidden unit)`.
+fn cells(batch: usize, hidden: usize) -> (CubeCount, CubeDim) {
+    let cubes = (batch * hidden).div_ceil(CUBE_THREADS as usize) as u32;
+    (
+        CubeCount::Static(cubes, 1, 1),
+        CubeDim::new_1d(CUBE_THREADS),
+    )
+}
+
+/// An uninitialised contiguous tensor like `like`'s, of `shape`.
+fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: impl Into<Shape>) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        shape.into(),
+        like.dtype,
+    )
+}
+
+/// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.
+fn fused_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+}
+
+impl<R, F, I, BT> LstmKernels for Cube<R, F, I, BT>
+where
+    R: CubeRuntime,
+    R::Server: ComputeServer,
+    R::Device: DeviceOps,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn lstm_forward(
+        xp: FloatTensor<Self>,
+        wh: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        c0: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if !fused_dtype(xp.dtype) {
+            return plain_forward::<Self>(xp, wh, h0, c0);
+        }
+        let [batch, time, four_h] = xp.shape().dims();
+        let hidden = four_h / 4;
+        let states = empty(&xp, [2, time + 1, batch, hidden]);
+        let gates = empty(&xp, [time, batch, four_h]);
+        let all_states = tensor::<R, F, I, BT, 4>(states.clone());
+        let wh = tensor::<R, F, I, BT, 2>(wh);
+        let (count, dim) = cells(batch, hidden);
+        for t in 0..time {
+            let h_prev = match t {
+                0 => tensor::<R, F, I, BT, 2>(h0.clone()),
+                _ => all_states
+                    .clone()
+                    .slice([0..1, t..t + 1, 0..batch, 0..hidden])
+                    .reshape([batch, hidden]),
+            };
+            let z = h_prev.matmul(wh.clone()).into_primitive().tensor();
+            kernels::cell_forward::launch::<R>(
+                &xp.client,
+                count.clone(),
+                dim,
+                z.into_tensor_arg(),
+                xp.clone().into_tensor_arg(),
+                h0.clone().into_tensor_arg(),
+                c0.clone().into_tensor_arg(),
+                states.clone().into_tensor_arg(),
+                gates.clone().into_tensor_arg(),
+                t as u32,
+                t == 0,
+                xp.dtype.into(),
+            );
+        }
+        (states, gates)
+    }
+
+    fn lstm_backward(
+        d_states: FloatTensor<Self>,
+        saved: LstmSaved<Self>,
+    ) -> [FloatTensor<Self>; 4] {
+        if !fused_dtype(saved.states.dtype) {
+            return plain_backward::<Self>(d_states, saved);
+        }
+        let LstmSaved { states, gates, wh } = saved;
+        let [_, steps, batch, hidden] = states.shape().dims();
+        let time = steps - 1;
+        if time == 0 {
+            return plain_backward::<Self>(d_states, LstmSaved { states, gates, wh });
+        }
+        let four_h = 4 * hidden;
+        let dz = empty(&states, [time, batch, four_h]);
+        let dc = empty(&states, [batch, hidden]);
+        let all_dz = tensor::<R, F, I, BT, 3>(dz.clone());
+        let wh_t = tensor::<R, F, I, BT, 2>(wh).transpose();
+        let (count, dim) = cells(batch, hidden);
+        let mut dh_rec: Option<CubeTensor<R>> = None;
+        for t in (0..time).rev() {
+            let last = dh_rec.is_none();
+            // The last step reads no carried gradient; any tensor fills the slot.
+            let carried = dh_rec.take().unwrap_or_else(|| dc.clone());
+            kernels::cell_backward::launch::<R>(
+                &states.client,
+                count.clone(),
+                dim,
+                d_states.clone().into_tensor_arg(),
+                states.clone().into_tensor_arg(),
+                gates.clone().into_tensor_arg(),
+                carried.into_tensor_arg(),
+                dc.clone().into_tensor_arg(),
+                dz.clone().into_tensor_arg(),
+                t as u32,
+                last,
+                states.dtype.into(),
+            );
+            let dz_t = all_dz
+                .clone()
+                .slice([t..t + 1, 0..batch, 0..four_h])
+                .reshape([batch, four_h]);
+            dh_rec = Some(dz_t.matmul(wh_t.clone()).into_primitive().tensor());
+        }
+        let d_states = tensor::<R, F, I, BT, 4>(d_states);
+        let initial = |kind: usize| {
+            d_states
+                .clone()
+                .slice([kind..kind + 1, 0..1, 0..batch, 0..hidden])
+                .reshape([batch, hidden])
+        };
+        let dh = tensor::<R, F, I, BT, 2>(dh_rec.expect("time > 0"));
+        let d_h0 = dh + initial(0);
+        let d_c0 = tensor::<R, F, I, BT, 2>(dc) + initial(1);
+        let h_prev = tensor::<R, F, I, BT, 4>(states)
+            .slice([0..1, 0..time, 0..batch, 0..hidden])
+            .reshape([time * batch, hidden]);
+        let d_wh = h_prev
+            .transpose()
+            .matmul(all_dz.clone().reshape([time * batch, four_h]));
+        [
+            all_dz.swap_dims(0, 1).into_primitive().tensor(),
+            d_wh.into_primitive().tensor(),
+            d_h0.into_primitive().tensor(),
+            d_c0.into_primitive().tensor(),
+        ]
+    }
+}
