@@ -500,6 +500,7 @@ conformance_table() {
 # model through burn-train's Learner (graphed, eager, stock), and the character LM. Each
 # writes its files into $OUT/examples/<name> (tarred into examples.tar.gz), running in
 # the cubecl config directory so autotune results persist; the summary comes last.
+# EXAMPLES (default: lstm lstm-fused learner charlm) picks which runs, in that order.
 # Several stages side by side in one device call, each in its own output, binary and
 # cubecl folders (examples keep the default cubecl folder, so a later `run examples` on
 # the same machine finds its autotune cache warm). PARALLEL_STAGES (default: cold
@@ -592,17 +593,22 @@ examples_stage() {
         wait
         echo "examples warmed up"
     fi
-    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --compare --stock \
-        --out "$out/examples/lstm" >"$out/examples/lstm.log" 2>&1; echo "lstm rc=$?" >>"$out/examples/rc.txt")
-    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm" --epochs "$epochs" --fused --compare --stock \
-        --out "$out/examples/lstm-fused" >"$out/examples/lstm-fused.log" 2>&1; echo "lstm --fused rc=$?" >>"$out/examples/rc.txt")
-    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/lstm-learner" --epochs "$epochs" --compare --stock \
-        --out "$out/examples/learner" >"$out/examples/learner.log" 2>&1; echo "lstm-learner rc=$?" >>"$out/examples/rc.txt")
-    (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" "$bin/charlm" \
-        --out "$out/examples/charlm" >"$out/examples/charlm.log" 2>&1; echo "charlm rc=$?" >>"$out/examples/rc.txt")
+    local -A args=(
+        [lstm]="lstm --epochs $epochs --compare --stock"
+        [lstm-fused]="lstm --epochs $epochs --fused --compare --stock"
+        [learner]="lstm-learner --epochs $epochs --compare --stock"
+        [charlm]="charlm"
+    )
+    # EXAMPLES (default all four) picks the runs, in order.
+    for name in ${EXAMPLES:-lstm lstm-fused learner charlm}; do
+        # shellcheck disable=SC2086 # the command line is a list of words
+        (cd "$cubecl_dir" && timeout "${EXAMPLE_TIMEOUT:-240}" $bin/${args[$name]} \
+            --out "$out/examples/$name" >"$out/examples/$name.log" 2>&1
+        echo "$name rc=$?" >>"$out/examples/rc.txt")
+    done
     echo "== examples: summary"
     cat "$out/examples/rc.txt"
-    for log in lstm lstm-fused learner charlm; do
+    for log in ${EXAMPLES:-lstm lstm-fused learner charlm}; do
         echo "-- $log"
         grep -E "RMSE|bits per|steps|eager|stock|bit-identical|captured|error|panicked" "$out/examples/$log.log" | tail -12
     done
