@@ -285,7 +285,9 @@ run() {
     if [[ $what == examples ]]; then
         cubecl_setup
         examples_stage "$bin" "$out"
-        tar -czf "$out/examples.tar.gz" -C "$out" examples && rm -rf "$out/examples"
+        # Models and checkpoints stay behind: the device tool brings back small files only.
+        tar -czf "$out/examples.tar.gz" -C "$out" --exclude '*.mpk' --exclude checkpoint examples &&
+            rm -rf "$out/examples"
         cubecl_save
     fi
     if [[ $what == matmul ]]; then
@@ -452,12 +454,13 @@ suite_stage() {
     local -A pids
     local t=${SUITE_TIMEOUT:-560} part dir
     for part in ${SUITE_PARTS:-inputs correctness guards memory}; do
-        isolated "trainer-$part" timeout "$t" "$bin/gpu_trainer" --include-ignored --test-threads=1 \
+        # Log names without "::" (the device tool does not bring such names back).
+        isolated "trainer-${part//::/-}" timeout "$t" "$bin/gpu_trainer" --include-ignored --test-threads=1 \
             --nocapture "$part::" &
         pids[trainer-$part]=$!
     done
     for part in ${SUITE_MEMCHECK:-inputs correctness guards memory}; do
-        GPU_TRAINER_SHORT=1 isolated "memcheck-trainer-$part" timeout "$t" compute-sanitizer --tool memcheck \
+        GPU_TRAINER_SHORT=1 isolated "memcheck-trainer-${part//::/-}" timeout "$t" compute-sanitizer --tool memcheck \
             --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 "$part::" &
         pids[memcheck-trainer-$part]=$!
     done
@@ -526,7 +529,8 @@ parallel_stage() {
         echo "== $stage"
         sed -n '/==== summary/,$p' "$out/$stage.txt" | grep -E "^\|" | grep -v "^| check\|^|---"
     done
-    tar -czf "$out/parallel-logs.tar.gz" -C "$out" "${dirs[@]}" 2>/dev/null && rm -rf "${dirs[@]/#/$out/}"
+    tar -czf "$out/parallel-logs.tar.gz" -C "$out" --exclude 'cubecl-cache.tar.gz' --exclude '*.mpk' --exclude checkpoint "${dirs[@]}" 2>/dev/null &&
+        rm -rf "${dirs[@]/#/$out/}"
 }
 
 # Issue 11's intermittent divergence: COLD_PROCS (12) gpu_trainer processes side by side,
