@@ -12,11 +12,13 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::recurrence;
 
-fn tensor<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
+/// A float primitive as a tensor of rank `D`.
+pub(super) fn tensor<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
-fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
+/// A float tensor's primitive.
+pub(super) fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
     tensor.into_primitive().tensor()
 }
 

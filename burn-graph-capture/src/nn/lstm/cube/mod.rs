@@ -11,7 +11,6 @@ mod fusion;
 mod kernels;
 
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -19,24 +18,12 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl_runtime::server::ComputeServer;
 
-use super::backend::{LstmKernels, LstmSaved, plain_backward, plain_forward};
+use super::backend::{LstmKernels, LstmSaved, plain_backward, plain_forward, primitive, tensor};
 
 /// Threads per cube of the cell kernels.
 const CUBE_THREADS: u32 = 256;
 
 type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
-
-fn tensor<R, F, I, BT, const D: usize>(primitive: CubeTensor<R>) -> Tensor<Cube<R, F, I, BT>, D>
-where
-    R: CubeRuntime,
-    R::Server: ComputeServer,
-    R::Device: DeviceOps,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
 
 /// Cubes covering one thread per `(batch, hidden unit)`.
 fn cells(batch: usize, hidden: usize) -> (CubeCount, CubeDim) {
@@ -84,18 +71,18 @@ where
         let hidden = four_h / 4;
         let states = empty(&xp, [2, time + 1, batch, hidden]);
         let gates = empty(&xp, [time, batch, four_h]);
-        let all_states = tensor::<R, F, I, BT, 4>(states.clone());
-        let wh = tensor::<R, F, I, BT, 2>(wh);
+        let all_states = tensor::<Self, 4>(states.clone());
+        let wh = tensor::<Self, 2>(wh);
         let (count, dim) = cells(batch, hidden);
         for t in 0..time {
             let h_prev = match t {
-                0 => tensor::<R, F, I, BT, 2>(h0.clone()),
+                0 => tensor::<Self, 2>(h0.clone()),
                 _ => all_states
                     .clone()
                     .slice([0..1, t..t + 1, 0..batch, 0..hidden])
                     .reshape([batch, hidden]),
             };
-            let z = h_prev.matmul(wh.clone()).into_primitive().tensor();
+            let z = primitive(h_prev.matmul(wh.clone()));
             kernels::cell_forward::launch::<R>(
                 &xp.client,
                 count.clone(),
@@ -130,8 +117,8 @@ where
         let four_h = 4 * hidden;
         let dz = empty(&states, [time, batch, four_h]);
         let dc = empty(&states, [batch, hidden]);
-        let all_dz = tensor::<R, F, I, BT, 3>(dz.clone());
-        let wh_t = tensor::<R, F, I, BT, 2>(wh).transpose();
+        let all_dz = tensor::<Self, 3>(dz.clone());
+        let wh_t = tensor::<Self, 2>(wh).transpose();
         let (count, dim) = cells(batch, hidden);
         let mut dh_rec: Option<CubeTensor<R>> = None;
         for t in (0..time).rev() {
@@ -156,29 +143,29 @@ where
                 .clone()
                 .slice([t..t + 1, 0..batch, 0..four_h])
                 .reshape([batch, four_h]);
-            dh_rec = Some(dz_t.matmul(wh_t.clone()).into_primitive().tensor());
+            dh_rec = Some(primitive(dz_t.matmul(wh_t.clone())));
         }
-        let d_states = tensor::<R, F, I, BT, 4>(d_states);
+        let d_states = tensor::<Self, 4>(d_states);
         let initial = |kind: usize| {
             d_states
                 .clone()
                 .slice([kind..kind + 1, 0..1, 0..batch, 0..hidden])
                 .reshape([batch, hidden])
         };
-        let dh = tensor::<R, F, I, BT, 2>(dh_rec.expect("time > 0"));
+        let dh = tensor::<Self, 2>(dh_rec.expect("time > 0"));
         let d_h0 = dh + initial(0);
-        let d_c0 = tensor::<R, F, I, BT, 2>(dc) + initial(1);
-        let h_prev = tensor::<R, F, I, BT, 4>(states)
+        let d_c0 = tensor::<Self, 2>(dc) + initial(1);
+        let h_prev = tensor::<Self, 4>(states)
             .slice([0..1, 0..time, 0..batch, 0..hidden])
             .reshape([time * batch, hidden]);
         let d_wh = h_prev
             .transpose()
             .matmul(all_dz.clone().reshape([time * batch, four_h]));
         [
-            all_dz.swap_dims(0, 1).into_primitive().tensor(),
-            d_wh.into_primitive().tensor(),
-            d_h0.into_primitive().tensor(),
-            d_c0.into_primitive().tensor(),
+            primitive(all_dz.swap_dims(0, 1)),
+            primitive(d_wh),
+            primitive(d_h0),
+            primitive(d_c0),
         ]
     }
 }
