@@ -167,12 +167,12 @@ impl<G: Recorded> GraphCache<G> {
     /// step did what it recorded; otherwise it is dropped and the step counts as the
     /// first warmup step of a new graph. Returns the reason in that case.
     pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        // A shape whose graph was dropped meanwhile keeps the phase it has now.
         if !matches!(self.entries.get(key), Some(Phase::Suspect(_))) {
-            // (Its graph was dropped meanwhile: the shape keeps the phase it has now.)
             return None;
         }
         let Some(Phase::Suspect(graph)) = self.entries.remove(key) else {
-            return None;
+            unreachable!("a suspect graph: checked above");
         };
         match step.verdict(Some(graph.observation())) {
             None => {

@@ -25,7 +25,7 @@ use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
 use super::learner::Learner;
 use super::mode::FallbackReason;
-use super::output::{StepOutput, owned_copy};
+use super::output::{StepOutput, map_tensors, owned_copy};
 use super::pinning::{Pinned, copy_float};
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
@@ -479,12 +479,9 @@ where
     seat(pins, learner, model).map_err(|error| {
         once_if_layout(error, |other| Fallback::Shape(FallbackReason::Graph(other)))
     })?;
-    let handed: Vec<_> = item
-        .tensors()
-        .into_iter()
-        .map(|tensor| AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller)))
-        .collect();
-    Ok(item.with_tensors(&mut handed.into_iter()))
+    Ok(map_tensors(&item, |tensor| {
+        AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
+    }))
 }
 
 /// Makes `model` the learner's, with its values copied into `pins` and its tensors

@@ -48,18 +48,22 @@ impl<B: AutodiffBackend> StepOutput<B> for Tensor<B, 1> {
     }
 }
 
+/// `item` detached from the autodiff graph, each of its tensors replaced by `f`'s.
+pub(crate) fn map_tensors<B: AutodiffBackend, T: StepInput<B>>(
+    item: &T,
+    f: impl FnMut(AnyTensor<B::InnerBackend>) -> AnyTensor<B::InnerBackend>,
+) -> T {
+    let mapped: Vec<_> = item.tensors().into_iter().map(f).collect();
+    item.with_tensors(&mut mapped.into_iter())
+}
+
 /// `item` detached from the autodiff graph, on the same buffers.
 pub(crate) fn detached<B: AutodiffBackend, T: StepInput<B>>(item: &T) -> T {
-    item.with_tensors(&mut item.tensors().into_iter())
+    map_tensors(item, |tensor| tensor)
 }
 
 /// `item` detached, with every tensor copied into a fresh buffer: what the caller owns
 /// after a graph step, whatever later replays write.
 pub(crate) fn owned_copy<B: AutodiffBackend, T: StepInput<B>>(item: &T) -> T {
-    let copies: Vec<_> = item
-        .tensors()
-        .into_iter()
-        .map(AnyTensor::fresh_copy)
-        .collect();
-    item.with_tensors(&mut copies.into_iter())
+    map_tensors(item, AnyTensor::fresh_copy)
 }
