@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use burn_backend::TensorMetadata;
+use burn::tensor::ops::FloatTensorOps;
+use burn_backend::{DType, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
@@ -42,6 +43,7 @@ fn failure_kind(err: &CaptureError) -> RuntimeFailure {
         CaptureError::StreamUnhealthy(_) => RuntimeFailure::StreamUnhealthy,
         CaptureError::Server(_) => RuntimeFailure::Server,
         CaptureError::Driver { .. } => RuntimeFailure::Driver,
+        CaptureError::Blas { .. } | CaptureError::BlasUnavailable => RuntimeFailure::Blas,
         CaptureError::UnknownGraph(_) => RuntimeFailure::UnknownGraph,
         CaptureError::Unreachable => RuntimeFailure::Unreachable,
     }
@@ -100,6 +102,17 @@ fn begin_when_free(device: &CudaGraphDevice, stream: StreamId) -> Result<(), Cap
 
 impl GraphBackend for CudaCube {
     type Graph = CudaGraphHandle;
+
+    fn matmul(
+        lhs: CubeTensor<CudaGraphRuntime>,
+        rhs: CubeTensor<CudaGraphRuntime>,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        super::cublas::matmul_or(lhs, rhs, <Self as FloatTensorOps<Self>>::float_matmul)
+    }
+
+    fn routes_matmul(dtype: DType) -> bool {
+        dtype == DType::F32 && crate::runtime::blas::enabled()
+    }
 
     fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {
         true

@@ -45,6 +45,12 @@ macro_rules! forward_ops {
     (@arg relabel, $arg:ident) => { $crate::backend::relabel::Relabel::to_inner($arg) };
     (@arg $kind:ident, $arg:ident) => { $arg };
 
+    // Ops the inner backend may run another way than its op trait does (`GraphBackend`).
+    (@call float_matmul, $trait:ident, $lhs:expr, $rhs:expr) => {
+        <B as $crate::backend::GraphBackend>::matmul($lhs, $rhs)
+    };
+    (@call $name:ident, $trait:ident, $($arg:expr),*) => { <B as $trait<B>>::$name($($arg),*) };
+
     (@ret relabel, $call:expr) => { $crate::backend::relabel::Relabel::from_inner($call) };
     (@ret $kind:ident, $call:expr) => { $call };
 
@@ -68,7 +74,7 @@ macro_rules! forward_ops {
                     });
                     let out = forward_ops!(
                         @ret $ret_kind,
-                        <B as $trait<B>>::$name($(forward_ops!(@arg $kind, $arg)),*)
+                        forward_ops!(@call $name, $trait, $(forward_ops!(@arg $kind, $arg)),*)
                     );
                     if let Some((mut rec, breaker)) = recorder {
                         forward_ops!(@output $ret_kind, rec, out);

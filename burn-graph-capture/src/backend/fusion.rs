@@ -13,7 +13,8 @@
 use burn_fusion::{Fusion, FusionBackend, FusionTensor, NoOp, client::GlobalFusionClient};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
-use burn_backend::StreamId;
+use burn::tensor::ops::FloatTensor;
+use burn_backend::{DType, StreamId};
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
 
@@ -158,5 +159,13 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
         B::buffer_id(&resolve::<B>(tensor))
+    }
+
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::fused_matmul::matmul::<B>(lhs, rhs)
+    }
+
+    fn routes_matmul(dtype: DType) -> bool {
+        B::routes_matmul(dtype)
     }
 }

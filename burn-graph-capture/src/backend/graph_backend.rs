@@ -4,7 +4,8 @@
 //! code runs on CUDA (real graphs) and on CPU backends (honest "no graphs": every step
 //! eager, every guard still exercised).
 
-use burn_backend::{Backend, StreamId};
+use burn::tensor::ops::FloatTensor;
+use burn_backend::{Backend, DType, StreamId};
 use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
@@ -80,6 +81,8 @@ pub enum RuntimeFailure {
     Server,
     /// A CUDA driver call failed.
     Driver,
+    /// A cuBLAS call failed, or cuBLAS could not be loaded.
+    Blas,
     /// The graph is no longer known to the runtime.
     UnknownGraph,
     /// The device worker could not be reached.
@@ -157,6 +160,18 @@ pub trait GraphBackend:
 
     /// The address of a tensor's storage, where the backend exposes one.
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId>;
+
+    /// `lhs @ rhs` for the decorator's `float_matmul`: the backend's own, unless it has a
+    /// faster one (cuBLAS on this crate's runtime, `backend::cublas`).
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// Whether [`matmul`](Self::matmul) of `dtype` tensors may take another path than
+    /// `float_matmul` (so that a wrapping backend routes it through `matmul` too).
+    fn routes_matmul(_dtype: DType) -> bool {
+        false
+    }
 }
 
 /// A graph that cannot exist: the type of graphs on backends without them.
@@ -204,5 +219,13 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
         B::buffer_id(&tensor.clone().into_inner())
+    }
+
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::matmul(lhs, rhs)
+    }
+
+    fn routes_matmul(dtype: DType) -> bool {
+        B::routes_matmul(dtype)
     }
 }

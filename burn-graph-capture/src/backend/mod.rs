@@ -7,8 +7,12 @@
 mod base;
 mod cpu;
 #[cfg(feature = "cuda")]
+pub(crate) mod cublas;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod forward;
+#[cfg(feature = "cuda")]
+mod fused_matmul;
 #[cfg(feature = "cuda")]
 mod fusion;
 mod graph_backend;

@@ -16,6 +16,7 @@ use cubecl_core::{
 };
 use cubecl_runtime::server::ComputeServer;
 
+use super::blas::Gemm;
 use super::server::CudaGraphServer;
 
 /// A held call, with what it needs to run later.
@@ -53,6 +54,12 @@ pub enum Deferred {
         bytes: u64,
         stream_id: StreamId,
     },
+    /// A cuBLAS GEMM of another thread: `operands` are `[a, b, c]`.
+    Gemm {
+        gemm: Gemm,
+        operands: [Binding; 3],
+        stream_id: StreamId,
+    },
 }
 
 impl core::fmt::Debug for Deferred {
@@ -64,6 +71,7 @@ impl core::fmt::Debug for Deferred {
             Deferred::Sync { .. } => "sync",
             Deferred::Replay { .. } => "replay",
             Deferred::Copy { .. } => "copy",
+            Deferred::Gemm { .. } => "gemm",
         };
         write!(f, "Deferred::{what}({:?})", self.stream_id())
     }
@@ -78,7 +86,8 @@ impl Deferred {
             | Deferred::Read { stream_id, .. }
             | Deferred::Sync { stream_id, .. }
             | Deferred::Replay { stream_id, .. }
-            | Deferred::Copy { stream_id, .. } => *stream_id,
+            | Deferred::Copy { stream_id, .. }
+            | Deferred::Gemm { stream_id, .. } => *stream_id,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use cubecl_common::backtrace::BackTrace;
 use cubecl_core::server::{IoError, LaunchError, ServerError};
+use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
 
 /// Why the runtime could not start on this machine.
@@ -150,6 +151,19 @@ pub enum CaptureError {
         #[source]
         error: DriverError,
     },
+    /// cuBLAS could not be loaded (no libcublas on the library path): matmuls run
+    /// CubeCL's kernels instead.
+    #[error("cuBLAS (libcublas) could not be loaded; matmuls use CubeCL's kernels")]
+    BlasUnavailable,
+    /// A cuBLAS call failed.
+    #[error("cuBLAS call `{call}` failed: {error}")]
+    Blas {
+        /// The cuBLAS function.
+        call: &'static str,
+        /// cuBLAS's status.
+        #[source]
+        error: CublasError,
+    },
     /// The graph id is not (or no longer) known to the server.
     #[error("unknown graph {0}")]
     UnknownGraph(u64),
@@ -161,6 +175,10 @@ pub enum CaptureError {
 impl CaptureError {
     pub(crate) fn driver(call: &'static str, error: DriverError) -> Self {
         Self::Driver { call, error }
+    }
+
+    pub(crate) fn blas(call: &'static str, error: CublasError) -> Self {
+        Self::Blas { call, error }
     }
 }
 

@@ -36,6 +36,7 @@
 //!   carry `arena::ARENA_STREAM` so `server::resource` knows which pool resolves them.
 
 pub mod arena;
+pub mod blas;
 pub mod capture;
 mod compile;
 mod copy;

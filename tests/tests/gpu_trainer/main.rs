@@ -17,7 +17,8 @@
 //! - `faults` (feature `fault-injection`): issue 14's injected failures, one per stage of
 //!   a graph's life;
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
-//!   eager training.
+//!   eager training;
+//! - `matmul`: issue 12's cuBLAS matmuls give the fp32 product in every layout.
 //!
 //! Every test is generic over the inner backend stack and instantiated per stack, as
 //! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameter_runs_eagerly`).
@@ -57,6 +58,7 @@ mod fused_lstm;
 mod guards;
 mod inputs;
 mod layouts;
+mod matmul;
 mod memory;
 #[path = "../common/models.rs"]
 mod models;

@@ -91,6 +91,8 @@ impl CudaGraphServer {
         if !errors.is_empty() {
             return Err(CaptureError::StreamUnhealthy(format!("{errors:?}")));
         }
+        // Steps that reach cuBLAS only inside the window find its handle made.
+        self.prepare_blas();
         let logger = self.logger.clone();
         let stream = self.main_stream();
         let cuda_stream = stream.stream.clone();

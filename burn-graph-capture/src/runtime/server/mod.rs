@@ -12,6 +12,7 @@
 
 use super::fault::{self, FaultStage};
 use super::{
+    blas::{Blas, Gemm},
     capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
@@ -50,6 +51,7 @@ use cudarc::driver::{
 };
 use std::{collections::HashMap, ffi::c_void, sync::Arc};
 
+mod gemm;
 mod graphs;
 mod launch;
 mod stream_io;
@@ -68,6 +70,8 @@ pub struct CudaGraphServer {
     next_graph: u64,
     /// Other streams' work held while a window is open (see `deferred.rs`).
     deferred: Vec<Deferred>,
+    /// cuBLAS, made at the first GEMM (see `gemm.rs`); the error if it could not be.
+    blas: Option<Result<Blas, CaptureError>>,
 }
 
 impl CudaGraphServer {
@@ -87,6 +91,7 @@ impl CudaGraphServer {
             graphs: HashMap::new(),
             next_graph: 0,
             deferred: Vec::new(),
+            blas: None,
         }
     }
 
@@ -160,6 +165,15 @@ impl CudaGraphServer {
                     stream_id,
                 } => {
                     if let Err(err) = self.copy_device(src, dst, bytes) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+                Deferred::Gemm {
+                    gemm,
+                    operands,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.gemm(gemm, operands) {
                         self.park(stream_id, capture_as_server_err(err));
                     }
                 }

@@ -10,7 +10,8 @@
 mod fusion;
 mod kernels;
 
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::Tensor;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -41,6 +42,25 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: impl Into<Shape>) -> CubeT
         like.device.clone(),
         shape.into(),
         like.dtype,
+    )
+}
+
+/// `a @ b` through cuBLAS on this crate's runtime (`backend::cublas`), else the
+/// backend's own matmul: the recurrence's GEMMs are most of its time.
+fn gemm<R, F, I, BT>(
+    a: Tensor<Cube<R, F, I, BT>, 2>,
+    b: Tensor<Cube<R, F, I, BT>, 2>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    crate::backend::cublas::matmul_or(
+        primitive(a),
+        primitive(b),
+        <Cube<R, F, I, BT> as FloatTensorOps<_>>::float_matmul,
     )
 }
 
@@ -82,7 +102,7 @@ where
                     .slice([0..1, t..t + 1, 0..batch, 0..hidden])
                     .reshape([batch, hidden]),
             };
-            let z = primitive(h_prev.matmul(wh.clone()));
+            let z = gemm(h_prev, wh.clone());
             kernels::cell_forward::launch::<R>(
                 &xp.client,
                 count.clone(),
@@ -143,7 +163,7 @@ where
                 .clone()
                 .slice([t..t + 1, 0..batch, 0..four_h])
                 .reshape([batch, four_h]);
-            dh_rec = Some(primitive(dz_t.matmul(wh_t.clone())));
+            dh_rec = Some(gemm(dz_t, wh_t.clone()));
         }
         let d_states = tensor::<Self, 4>(d_states);
         let initial = |kind: usize| {
@@ -158,9 +178,10 @@ where
         let h_prev = tensor::<Self, 4>(states)
             .slice([0..1, 0..time, 0..batch, 0..hidden])
             .reshape([time * batch, hidden]);
-        let d_wh = h_prev
-            .transpose()
-            .matmul(all_dz.clone().reshape([time * batch, four_h]));
+        let d_wh = tensor::<Self, 2>(gemm(
+            h_prev.transpose(),
+            all_dz.clone().reshape([time * batch, four_h]),
+        ));
         [
             primitive(all_dz.swap_dims(0, 1)),
             primitive(d_wh),

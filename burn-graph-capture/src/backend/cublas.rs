@@ -1,0 +1,173 @@
+//! fp32 matmuls through cuBLAS on this crate's runtime (`runtime::blas`).
+//!
+//! At the shapes training steps use, cuBLAS's fp32 GEMM is faster than CubeCL's autotuned
+//! matmul, and exact fp32 where CubeCL's runs at TF32 (`bench/results/lstm-*.md`). A
+//! matmul that one strided-batched GEMM cannot read (another dtype, strides that do not
+//! collapse), or every matmul when cuBLAS is off (`BURN_GRAPH_CAPTURE_CUBLAS=off`) or
+//! missing, runs CubeCL's kernels; a missing cuBLAS is warned about once.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn_backend::DType;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+
+use crate::runtime::blas::{Gemm, GemmRefusal};
+use crate::runtime::{CaptureError, CudaGraphRuntime, with_server};
+
+/// Why a matmul did not go to cuBLAS.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// Not a tensor of this crate's runtime.
+    #[error("not a tensor of CudaGraphRuntime")]
+    OtherRuntime,
+    /// cuBLAS here serves fp32 only.
+    #[error("dtype {0:?} (cuBLAS serves f32 here)")]
+    DType(DType),
+    /// No single GEMM computes it.
+    #[error(transparent)]
+    Plan(GemmRefusal),
+    /// The runtime did not queue it (cuBLAS off, missing, or failing).
+    #[error(transparent)]
+    Runtime(CaptureError),
+}
+
+/// `lhs @ rhs` through cuBLAS, or why not (then nothing was queued, and the caller runs
+/// its own matmul on the same operands). An operand that one GEMM cannot read as it lies
+/// (a broadcast, a view of a view) is copied packed first, as CubeCL's matmul would.
+pub(crate) fn matmul(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
+    match matmul_as_laid(lhs, rhs) {
+        Err(Refusal::Plan(GemmRefusal::Layout(_) | GemmRefusal::Batch(_))) => {
+            matmul_as_laid(&packed(lhs), &packed(rhs))
+        }
+        other => other,
+    }
+}
+
+/// `tensor`, or a packed copy of it where it is not packed.
+fn packed(tensor: &CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime> {
+    if **tensor.meta.strides() == *packed_strides(tensor.meta.shape()) {
+        tensor.clone()
+    } else {
+        into_contiguous(tensor.clone())
+    }
+}
+
+fn matmul_as_laid(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
+    if !crate::runtime::blas::enabled() {
+        return Err(Refusal::Runtime(CaptureError::BlasUnavailable));
+    }
+    for dtype in [lhs.dtype, rhs.dtype] {
+        if dtype != DType::F32 {
+            return Err(Refusal::DType(dtype));
+        }
+    }
+    let (lhs_shape, rhs_shape) = (lhs.meta.shape(), rhs.meta.shape());
+    let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
+    // Planned against packed output strides before the output exists, so a refusal
+    // allocates nothing.
+    let packed = packed_strides(&shape);
+    let gemm = Gemm::plan(
+        (lhs_shape, lhs.meta.strides()),
+        (rhs_shape, rhs.meta.strides()),
+        &packed,
+    )
+    .map_err(Refusal::Plan)?;
+    let out = empty_device_contiguous_dtype(
+        lhs.client.clone(),
+        lhs.device,
+        shape.clone().into(),
+        DType::F32,
+    );
+    // The pools may pitch even a "contiguous" output's rows: plan against what it got.
+    let gemm = if **out.meta.strides() == *packed {
+        gemm
+    } else {
+        Gemm::plan(
+            (lhs_shape, lhs.meta.strides()),
+            (rhs_shape, rhs.meta.strides()),
+            out.meta.strides(),
+        )
+        .map_err(Refusal::Plan)?
+    };
+    let operands = [
+        lhs.handle.clone().binding(),
+        rhs.handle.clone().binding(),
+        out.handle.clone().binding(),
+    ];
+    let queued = with_server(&lhs.device, move |server| server.gemm(gemm, operands))
+        .and_then(|queued| queued);
+    match queued {
+        Ok(()) => Ok(out),
+        Err(err) => Err(Refusal::Runtime(err)),
+    }
+}
+
+/// Row-major strides of a packed `shape`.
+fn packed_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for dim in (0..shape.len().saturating_sub(1)).rev() {
+        strides[dim] = strides[dim + 1] * shape[dim + 1];
+    }
+    strides
+}
+
+/// `lhs @ rhs` through cuBLAS when both are tensors of this crate's runtime and one GEMM
+/// serves them; otherwise `fallback` (the caller's own matmul) on the same operands.
+pub(crate) fn matmul_or<R: CubeRuntime>(
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    fallback: impl FnOnce(CubeTensor<R>, CubeTensor<R>) -> CubeTensor<R>,
+) -> CubeTensor<R> {
+    let routed = (&lhs as &dyn Any)
+        .downcast_ref::<CubeTensor<CudaGraphRuntime>>()
+        .zip((&rhs as &dyn Any).downcast_ref::<CubeTensor<CudaGraphRuntime>>())
+        .ok_or(Refusal::OtherRuntime)
+        .and_then(|(lhs, rhs)| matmul(lhs, rhs));
+    match routed {
+        Ok(out) => *(Box::new(out) as Box<dyn Any>)
+            .downcast::<CubeTensor<R>>()
+            .expect("the runtime checked above"),
+        Err(refusal) => {
+            note(&refusal);
+            fallback(lhs, rhs)
+        }
+    }
+}
+
+/// Reports a refusal: a missing or failing cuBLAS as a warning (once for a missing one),
+/// the rest at debug level (they are expected: other dtypes, odd views).
+fn note(refusal: &Refusal) {
+    static WARNED_MISSING: AtomicBool = AtomicBool::new(false);
+    match refusal {
+        Refusal::Runtime(CaptureError::BlasUnavailable) => {
+            if crate::runtime::blas::enabled() && !WARNED_MISSING.swap(true, Ordering::Relaxed) {
+                tracing::warn!("cuBLAS could not be loaded: matmuls run CubeCL's kernels");
+            }
+        }
+        Refusal::Runtime(err) => {
+            tracing::warn!("a cuBLAS matmul failed, CubeCL's kernels run it: {err}");
+        }
+        other => tracing::debug!(target: "burn_graph_capture::matmul", "CubeCL matmul: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_strides_are_row_major() {
+        assert_eq!(packed_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(packed_strides(&[5]), vec![1]);
+    }
+}

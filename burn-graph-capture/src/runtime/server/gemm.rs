@@ -1,0 +1,91 @@
+//! cuBLAS GEMMs on the stream (see `blas.rs`), under the window rules: the handle and its
+//! workspace are made outside any window (at the first GEMM, or when a window opens), a
+//! GEMM inside a window is recorded and retains its buffers, and another thread's GEMM
+//! waits for the window to close.
+
+use super::graphs::capture_server_err;
+use super::*;
+
+impl CudaGraphServer {
+    /// Makes the cuBLAS handle if cuBLAS is enabled and none was tried yet. Never while a
+    /// window is open: the worker thread is the one capturing, and `cublasCreate` and its
+    /// workspace allocation are calls a capture forbids.
+    pub(super) fn prepare_blas(&mut self) {
+        if self.blas.is_some() || !super::super::blas::enabled() {
+            return;
+        }
+        let stream = self.main_stream();
+        if stream.capturing() {
+            return;
+        }
+        let made = Blas::new(&stream.stream.clone());
+        if let Err(err) = &made {
+            tracing::warn!("CudaGraphRuntime: {err}; matmuls use CubeCL's kernels");
+        }
+        self.blas = Some(made);
+    }
+
+    /// Queues `gemm` (fp32) reading `operands[0]` and `[1]` and writing `[2]`, in order
+    /// with all work submitted before it.
+    ///
+    /// `Err` means nothing was queued, and the caller computes the product another way:
+    /// cuBLAS is off or missing (`BlasUnavailable`), an operand is smaller than the GEMM
+    /// reaches, or cuBLAS refused the call. Inside a window that broke earlier, nothing is
+    /// queued either, and the window reports why it broke.
+    pub fn gemm(&mut self, gemm: Gemm, operands: [Binding; 3]) -> Result<(), CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        self.prepare_blas();
+        if !matches!(self.blas, Some(Ok(_))) {
+            return Err(CaptureError::BlasUnavailable);
+        }
+        let caller = StreamId::current();
+        if self.holds(caller) {
+            // Another thread's window is open: the GEMM runs once it closes.
+            self.deferred.push(Deferred::Gemm {
+                gemm,
+                operands,
+                stream_id: caller,
+            });
+            return Ok(());
+        }
+        let stream = self.main_stream();
+        if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+            return Ok(());
+        }
+        let mut slices = Vec::with_capacity(3);
+        for (binding, extent) in operands.iter().zip(gemm.extents()) {
+            let slice = stream
+                .resource(binding.clone())
+                .map_err(|err| capture_server_err(err.into()))?;
+            let bytes = extent * size_of::<f32>() as u64;
+            if slice.size < bytes {
+                return Err(CaptureError::Server(format!(
+                    "a GEMM operand of {} bytes where the GEMM reaches {bytes}",
+                    slice.size
+                )));
+            }
+            slices.push(slice);
+        }
+        let Some(Ok(blas)) = &self.blas else {
+            unreachable!("checked above");
+        };
+        let stream = self.streams.resolve(caller);
+        // SAFETY: each pointer starts a live pool or arena slice holding at least the
+        // elements the GEMM reaches (checked above); the slices stay alive until the stream
+        // has run the GEMM (inside a window they are retained with the graph below).
+        let queued = unsafe { blas.sgemm(&gemm, slices[0].ptr, slices[1].ptr, slices[2].ptr) };
+        if let Err(err) = queued {
+            if let Some(window) = &mut stream.window {
+                window.break_with(err.clone());
+            }
+            return Err(err);
+        }
+        for (binding, slice) in operands.into_iter().zip(&slices) {
+            stream.keep_for_window(binding, slice);
+        }
+        if let Some(window) = &mut stream.window {
+            window.launches += 1;
+        }
+        Ok(())
+    }
+}
