@@ -119,6 +119,13 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         })
     }
 
+    fn isolate<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        drain::<B>(device);
+        let out = step();
+        drain::<B>(device);
+        out
+    }
+
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
         // Work queued before the replay (its inputs, reads of the last loss) runs first.
         drain::<B>(&graph.device);

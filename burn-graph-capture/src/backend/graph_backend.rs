@@ -129,6 +129,16 @@ pub trait GraphBackend:
         step()
     }
 
+    /// Runs an eager step with its kernels apart from the work queued before and after
+    /// it, as [`capture`](Self::capture) and [`rehearse`](Self::rehearse) run theirs.
+    /// A backend that fuses across op boundaries (`Fusion`) would otherwise fuse the
+    /// step with whatever the caller queued around it (burn-train's metrics, the next
+    /// batch), and a fused multiply-add rounds unlike a multiply and an add apart: eager
+    /// steps would then round unlike the graphed steps they stand for.
+    fn isolate<R>(_device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        step()
+    }
+
     /// Launches the graph once.
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
 
@@ -195,6 +205,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
         B::rehearse(device, step)
+    }
+
+    fn isolate<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
+        B::isolate(device, step)
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {

@@ -378,7 +378,8 @@ where
         record: bool,
     ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let item = self.learner.train(&mut self.step_fn, batch)?;
+        let (learner, step_fn) = (&mut self.learner, &mut self.step_fn);
+        let item = G::isolate(&self.device, || learner.train(step_fn, batch))?;
         let recording = session.map(CaptureSession::finish);
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
