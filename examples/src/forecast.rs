@@ -90,14 +90,25 @@ pub struct Run<M> {
     pub eval: Evaluation,
     /// Wall time of the training loop (evaluation excluded).
     pub seconds: f64,
+    /// Steps after the first [`UNTIMED_STEPS`], and their wall time: the speed.
+    pub timed: (usize, f64),
     /// What the trainer did, step by step (`None` for stock Burn).
     pub report: Option<TrainerReport>,
 }
 
+/// Steps left out of the speed: the trainer's warmup, capture and first replay, and the
+/// kernel compiles and autotuning that the first run of a process pays for later ones.
+pub const UNTIMED_STEPS: usize = 8;
+
 impl<M> Run<M> {
-    /// Training steps per second.
+    /// Training steps per second after the first [`UNTIMED_STEPS`] (over the whole loop
+    /// when it is shorter).
     pub fn steps_per_second(&self) -> f64 {
-        self.losses.len() as f64 / self.seconds.max(f64::EPSILON)
+        let (steps, seconds) = match self.timed {
+            (0, _) => (self.losses.len(), self.seconds),
+            timed => timed,
+        };
+        steps as f64 / seconds.max(f64::EPSILON)
     }
 }
 
@@ -130,7 +141,7 @@ where
     let config = GraphTrainerConfig::new().with_capture(capture);
     let mut trainer = GraphTrainer::new(model, optimizer, loss, config);
 
-    let (losses, seconds) = epochs(options, series, label, device, |batch| {
+    let (losses, seconds, timed) = epochs(options, series, label, device, |batch| {
         let outcome = trainer.step(batch)?;
         if let StepMode::Eager(reason) = &outcome.mode {
             tracing::debug!(%reason, "eager step");
@@ -150,6 +161,7 @@ where
         losses,
         eval,
         seconds,
+        timed,
         report: Some(trainer.report()),
     })
 }
@@ -163,7 +175,7 @@ pub fn train_stock<S: AutodiffBackend>(
 ) -> anyhow::Result<Run<LstmRegressor<S>>> {
     let mut model = initial_model::<S>(options, device);
     let mut optimizer = AdamConfig::new().init::<S, LstmRegressor<S>>();
-    let (losses, seconds) = epochs(options, series, "stock", device, |batch| {
+    let (losses, seconds, timed) = epochs(options, series, "stock", device, |batch| {
         let loss = model.loss(batch.x, batch.y);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(options.lr, model.clone(), grads);
@@ -176,20 +188,21 @@ pub fn train_stock<S: AutodiffBackend>(
         losses,
         eval,
         seconds,
+        timed,
         report: None,
     })
 }
 
 /// `options.epochs` epochs of shuffled full batches, each trained by `step`, which returns
-/// the step's loss and a note for the progress bar. Returns every loss and the loop's
-/// wall time.
+/// the step's loss and a note for the progress bar. Returns every loss, the loop's wall
+/// time, and the steps after the first [`UNTIMED_STEPS`] with their wall time.
 fn epochs<B: Backend>(
     options: &Options,
     series: &Sunspots,
     label: &str,
     device: &B::Device,
     mut step: impl FnMut(Batch<B>) -> anyhow::Result<(f32, String)>,
-) -> anyhow::Result<(Vec<f32>, f64)> {
+) -> anyhow::Result<(Vec<f32>, f64, (usize, f64))> {
     let mut rng = shuffler(options.seed);
     let per_epoch = series
         .epoch(options.seq_len, options.batch, &mut shuffler(0))?
@@ -202,8 +215,13 @@ fn epochs<B: Backend>(
     let progress = progress_bar((per_epoch * options.epochs) as u64, label);
     let mut losses = Vec::new();
     let start = Instant::now();
+    let mut timed_from = None;
     for _ in 0..options.epochs {
         for starts in series.epoch(options.seq_len, options.batch, &mut rng)? {
+            if losses.len() == UNTIMED_STEPS {
+                timed_from = Some(Instant::now());
+            }
+            // Each step returns its loss on the host, so a step's time is its own.
             let (loss, note) = step(series.batch(&starts, options.seq_len, device))?;
             losses.push(loss);
             progress.set_message(format!("loss {loss:.4}{note}"));
@@ -211,8 +229,11 @@ fn epochs<B: Backend>(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let timed = timed_from.map_or((0, 0.0), |from| {
+        (losses.len() - UNTIMED_STEPS, from.elapsed().as_secs_f64())
+    });
     progress.finish();
-    Ok((losses, seconds))
+    Ok((losses, seconds, timed))
 }
 
 /// Forecasts every held-out month (with `context` months of warm-up before the split).

@@ -13,7 +13,7 @@
 use burn::module::AutodiffModule;
 use burn_graph_capture::{GraphCapture, TrainBackend};
 use clap::Parser;
-use lstm_example::forecast::{self, Comparison, Options, Summary};
+use lstm_example::forecast::{self, Comparison, Options, Summary, UNTIMED_STEPS};
 use lstm_example::model::Forecaster;
 use lstm_example::plot::{self, Curve};
 use lstm_example::stacks::{Inner, Stock};
@@ -111,7 +111,8 @@ where
         .map(|r| r.modes.clone())
         .unwrap_or_default();
     println!(
-        "{} steps in {:.1} s ({:.1} steps/s); modes: {} captured, {} replayed, {} eager",
+        "{} steps in {:.1} s ({:.1} steps/s after the first {UNTIMED_STEPS}); modes: {} captured, \
+         {} replayed, {} eager",
         graphed.losses.len(),
         graphed.seconds,
         graphed.steps_per_second(),
