@@ -17,6 +17,7 @@ extern crate self as burn_graph_capture;
 pub mod backend;
 pub mod nn;
 pub mod optim;
+pub mod rng;
 #[cfg(feature = "cuda")]
 pub mod runtime;
 pub mod step;
