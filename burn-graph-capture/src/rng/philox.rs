@@ -66,7 +66,7 @@ pub fn standard_normal(words: [u32; 4], index: u64) -> f32 {
     let pair = (index % 4) as usize / 2;
     let radius = (-2.0 * unit_open_low(words[2 * pair]).ln()).sqrt();
     let angle = 2.0 * std::f32::consts::PI * unit(words[2 * pair + 1]);
-    if index % 2 == 0 {
+    if index.is_multiple_of(2) {
         radius * angle.cos()
     } else {
         radius * angle.sin()
