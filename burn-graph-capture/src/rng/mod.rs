@@ -2,4 +2,5 @@
 //! progress): a counter-based generator whose draws depend only on the seed, an offset
 //! and each element's index.
 
+pub mod draw;
 pub mod philox;
