@@ -7,6 +7,8 @@
 //! missing, runs CubeCL's kernels; a missing cuBLAS is warned about once.
 
 use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn_backend::DType;
@@ -16,7 +18,9 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
 use crate::runtime::blas::{Gemm, GemmRefusal};
-use crate::runtime::{CaptureError, CudaGraphRuntime, with_server};
+use crate::runtime::{
+    CaptureError, CudaGraphDevice, CudaGraphRuntime, submit_to_server, with_server,
+};
 
 /// Why a matmul did not go to cuBLAS.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +75,7 @@ fn matmul_as_laid(
             return Err(Refusal::DType(dtype));
         }
     }
+    blas_ready(&lhs.device)?;
     let (lhs_shape, rhs_shape) = (lhs.meta.shape(), rhs.meta.shape());
     let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
     // Planned against packed output strides before the output exists, so a refusal
@@ -104,11 +109,35 @@ fn matmul_as_laid(
         rhs.handle.clone().binding(),
         out.handle.clone().binding(),
     ];
-    let queued = with_server(&lhs.device, move |server| server.gemm(gemm, operands))
-        .and_then(|queued| queued);
-    match queued {
-        Ok(()) => Ok(out),
-        Err(err) => Err(Refusal::Runtime(err)),
+    // Queued like a kernel launch, without waiting: the bindings keep the buffers alive
+    // until the server has queued the GEMM on the stream.
+    submit_to_server(&lhs.device, move |server| server.queue_gemm(gemm, operands));
+    Ok(out)
+}
+
+/// Whether `device` queues GEMMs: asked of the server once per device and process
+/// (cuBLAS loads or it does not), then answered here without a round trip.
+fn blas_ready(device: &CudaGraphDevice) -> Result<(), Refusal> {
+    static READY: Mutex<BTreeMap<usize, bool>> = Mutex::new(BTreeMap::new());
+    let index = device.index;
+    if let Some(&ready) = READY.lock().expect("no panic holds it").get(&index) {
+        return ready
+            .then_some(())
+            .ok_or(Refusal::Runtime(CaptureError::BlasUnavailable));
+    }
+    let answer = with_server(device, |server| server.blas_ready()).map_err(Refusal::Runtime)?;
+    match answer {
+        Some(ready) => {
+            READY
+                .lock()
+                .expect("no panic holds it")
+                .insert(index, ready);
+            ready
+                .then_some(())
+                .ok_or(Refusal::Runtime(CaptureError::BlasUnavailable))
+        }
+        // Not decided (a window is open before any handle was made): CubeCL this time.
+        None => Err(Refusal::Runtime(CaptureError::BlasUnavailable)),
     }
 }
 

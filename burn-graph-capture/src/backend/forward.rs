@@ -49,6 +49,16 @@ macro_rules! forward_ops {
     (@call float_matmul, $trait:ident, $lhs:expr, $rhs:expr) => {
         <B as $crate::backend::GraphBackend>::matmul($lhs, $rhs)
     };
+    // `linear` and its multiplying gradients: `B`'s default arithmetic around that matmul.
+    (@call linear, $trait:ident, $x:expr, $weight:expr, $bias:expr) => {
+        $crate::backend::linear::linear::<B>($x, $weight, $bias)
+    };
+    (@call linear_x_backward, $trait:ident, $weight:expr, $grad:expr) => {
+        $crate::backend::linear::linear_x_backward::<B>($weight, $grad)
+    };
+    (@call linear_weight_backward, $trait:ident, $x:expr, $grad:expr) => {
+        $crate::backend::linear::linear_weight_backward::<B>($x, $grad)
+    };
     (@call $name:ident, $trait:ident, $($arg:expr),*) => { <B as $trait<B>>::$name($($arg),*) };
 
     (@ret relabel, $call:expr) => { $crate::backend::relabel::Relabel::from_inner($call) };

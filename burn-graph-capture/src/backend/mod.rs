@@ -19,6 +19,7 @@ mod graph_backend;
 mod identity;
 #[cfg(feature = "cuda")]
 mod layout;
+mod linear;
 mod ops;
 mod primitive;
 mod relabel;

@@ -203,6 +203,15 @@ pub fn with_server<R: Send>(
         .map_err(|_| CaptureError::Unreachable)
 }
 
+/// Queues `task` on the server of `device`, in order with all work queued on it so far,
+/// without waiting for it (as kernel launches are queued).
+pub fn submit_to_server(
+    device: &CudaGraphDevice,
+    task: impl FnOnce(&mut CudaGraphServer) + Send + 'static,
+) {
+    DeviceHandle::<CudaGraphServer>::new(device.to_id()).submit(task);
+}
+
 /// Opens a capture window on `device`'s stream. Everything the window touches is
 /// retained from the launch that touches it.
 pub fn capture_begin(device: &CudaGraphDevice) -> Result<(), CaptureError> {

@@ -55,7 +55,8 @@ mod storage;
 mod stream;
 
 pub use capture::{
-    CudaGraphHandle, GraphInfo, capture_begin, capture_begin_in_pool, capture_end, with_server,
+    CudaGraphHandle, GraphInfo, capture_begin, capture_begin_in_pool, capture_end,
+    submit_to_server, with_server,
 };
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};

@@ -1,7 +1,7 @@
 //! Matmuls through cuBLAS (issue 12, part 2): every layout a step produces (transposed
 //! operands, batches, broadcast weights, views at an offset) gives the fp32 product on
 //! the decorated stack, and agrees with CubeCL's matmul on the plain stack within its
-//! TF32 rounding.
+//! TF32 rounding; so do matmul's and `linear`'s gradients.
 //!
 //! fp32 accumulation over k = 256 stays near 1e-6 of the f64 product; CubeCL's TF32
 //! kernels reach 3e-4 to 7e-4 there (bench/results/lstm-2026-12-01.md). A bound of 2e-5
@@ -154,7 +154,54 @@ pub fn routed_matmul_gradients_give_the_fp32_product<G: Stack>() {
     );
 }
 
+/// `nn::Linear`'s op (`linear`, rank 3 as on a sequence) and its gradients.
+pub fn routed_linear_gives_the_fp32_product<G: Stack>() {
+    use burn::backend::Autodiff;
+    type A<G> = Autodiff<GraphCapture<G>>;
+    let device = crate::common::device();
+    let (batch, rows, k, n) = (4, 16, 256, 64);
+    let x = Tensor::<G, 3>::random([batch, rows, k], Distribution::Uniform(-1.0, 1.0), &device);
+    let w = Tensor::<G, 2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device);
+    let b = Tensor::<G, 1>::random([n], Distribution::Uniform(-1.0, 1.0), &device);
+    let (xv, wv, bv) = (values(x), values(w), values(b));
+    let x = Tensor::<A<G>, 3>::from_data(TensorData::new(xv.clone(), [batch, rows, k]), &device)
+        .require_grad();
+    let w =
+        Tensor::<A<G>, 2>::from_data(TensorData::new(wv.clone(), [k, n]), &device).require_grad();
+    let b = Tensor::<A<G>, 1>::from_data(TensorData::new(bv.clone(), [n]), &device);
+    let out = burn::tensor::module::linear(x.clone(), w.clone(), Some(b));
+    let grads = out.clone().sum().backward();
+    let mut want = reference(&xv, &wv, [batch, rows, k, n], false);
+    for (i, value) in want.iter_mut().enumerate() {
+        *value += f64::from(bv[i % n]);
+    }
+    let dx = values(x.grad(&grads).expect("grad of x"));
+    let dw = values(w.grad(&grads).expect("grad of w"));
+    let w_rows: Vec<f64> = (0..k)
+        .map(|p| (0..n).map(|j| f64::from(wv[p * n + j])).sum())
+        .collect();
+    let x_cols: Vec<f64> = (0..k)
+        .map(|p| (0..batch * rows).map(|r| f64::from(xv[r * k + p])).sum())
+        .collect();
+    let want_dx: Vec<f64> = (0..batch * rows * k).map(|i| w_rows[i % k]).collect();
+    let want_dw: Vec<f64> = (0..k * n).map(|i| x_cols[i / n]).collect();
+    let errors = [
+        relative_error(&values(out), &want),
+        relative_error(&dx, &want_dx),
+        relative_error(&dw, &want_dw),
+    ];
+    eprintln!(
+        "{}: linear, d/dx, d/dw errors {errors:?}",
+        case::<G>("linear")
+    );
+    assert!(
+        errors.iter().all(|&e| e < FP32),
+        "linear off the fp32 values: {errors:?}"
+    );
+}
+
 stack_tests!(
     routed_matmuls_give_the_fp32_product,
-    routed_matmul_gradients_give_the_fp32_product
+    routed_matmul_gradients_give_the_fp32_product,
+    routed_linear_gives_the_fp32_product
 );

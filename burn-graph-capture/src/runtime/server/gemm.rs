@@ -25,6 +25,30 @@ impl CudaGraphServer {
         self.blas = Some(made);
     }
 
+    /// Whether GEMMs can be queued: cuBLAS is on, loaded, and its handle made. `None`
+    /// while no handle was tried and a window is open (the handle cannot be made then).
+    pub fn blas_ready(&mut self) -> Option<bool> {
+        if let Err(err) = self.bind_context() {
+            tracing::warn!("CudaGraphRuntime: {err}");
+            return Some(false);
+        }
+        self.prepare_blas();
+        match &self.blas {
+            Some(made) => Some(made.is_ok()),
+            None if super::super::blas::enabled() => None,
+            None => Some(false),
+        }
+    }
+
+    /// [`Self::gemm`] for a caller that does not wait: an error is parked on the
+    /// caller's stream (the next sync or read returns it) and breaks an open window, as
+    /// a failed launch does. Callers check [`Self::blas_ready`] first.
+    pub fn queue_gemm(&mut self, gemm: Gemm, operands: [Binding; 3]) {
+        if let Err(err) = self.gemm(gemm, operands) {
+            self.park(StreamId::current(), capture_as_server_err(err));
+        }
+    }
+
     /// Queues `gemm` (fp32) reading `operands[0]` and `[1]` and writing `[2]`, in order
     /// with all work submitted before it.
     ///
