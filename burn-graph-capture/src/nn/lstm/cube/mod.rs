@@ -14,7 +14,6 @@ use burn::tensor::Tensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
-use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -139,12 +138,7 @@ where
         let dz = empty(&states, [time, batch, four_h]);
         let dc = empty(&states, [batch, hidden]);
         let all_dz = tensor::<Self, 3>(dz.clone());
-        // Packed once per sequence: cuBLAS's heuristics pick a slow kernel for the
-        // transposed view at small batches (55 µs per step at b8/h128 on the H200,
-        // session 12's ncu; the packed operand reads as a plain GEMM).
-        let wh_t = tensor::<Self, 2>(into_contiguous(primitive(
-            tensor::<Self, 2>(wh).transpose(),
-        )));
+        let wh_t = tensor::<Self, 2>(wh).transpose();
         let (count, dim) = cells(batch, hidden);
         let mut dh_rec: Option<CubeTensor<R>> = None;
         for t in (0..time).rev() {
