@@ -290,6 +290,9 @@ run() {
             rm -rf "$out/examples"
         cubecl_save
     fi
+    if [[ $what == startup ]]; then
+        startup_stage
+    fi
     if [[ $what == matmul ]]; then
         # CubeCL's matmul against cuBLAS at the LSTM step's GEMM shapes, with errors
         # against an f64 reference (issue 12, part 2). About a minute warm.
@@ -576,6 +579,27 @@ cold_stage() {
     tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 
+# Issue 12's start-up report: the sunspot example (`lstm`, STARTUP_ARGS, default one
+# epoch) in a process with empty kernel (PTX) and autotune caches, then again with the
+# caches the first left: the process's wall time each, and the loop's own time from its
+# log. Needs `lstm` packed; run it alone on the machine.
+startup_stage() {
+    local dir=/tmp/gpu-check-startup run t0 t1
+    rm -rf "$dir" && mkdir -p "$dir/cache"
+    printf '[autotune]\ncache = { file = "%s/cache/autotune" }\n' "$dir" >"$dir/cubecl.toml"
+    : >"$out/startup.txt"
+    for run in cold warm; do
+        t0=$(date +%s.%N)
+        # shellcheck disable=SC2086 # STARTUP_ARGS is a list of words
+        (cd "$dir" && BURN_GRAPH_CAPTURE_KERNEL_CACHE=$dir/cache/ptx timeout "${STARTUP_TIMEOUT:-240}" \
+            "$bin/lstm" ${STARTUP_ARGS:---epochs 1} --out "$dir/$run" >"$out/startup-$run.log" 2>&1)
+        status[startup_$run]=$?
+        t1=$(date +%s.%N)
+        echo "$run start: $(python3 -c "print(round($t1 - $t0, 1))") s wall; $(grep -h 'steps in' "$out/startup-$run.log")" |
+            tee -a "$out/startup.txt"
+    done
+}
+
 # The examples with --compare --stock, one after another (their speeds are compared).
 # A cold machine autotunes every shape of three trainings per binary (~150 s each on
 # the H200, 2026-12-01): with EXAMPLE_WARMUP=1 each binary first runs one discarded
@@ -621,5 +645,5 @@ examples_stage() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|parallel|examples|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|parallel|examples|startup|matmul|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac
