@@ -16,6 +16,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
 use crate::runtime::blas::{Gemm, GemmRefusal};
 use crate::runtime::{
@@ -56,7 +57,7 @@ pub(crate) fn matmul(
 
 /// `tensor`, or a packed copy of it where it is not packed.
 fn packed(tensor: &CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime> {
-    if **tensor.meta.strides() == *packed_strides(tensor.meta.shape()) {
+    if tensor.is_contiguous() {
         tensor.clone()
     } else {
         into_contiguous(tensor.clone())
@@ -80,7 +81,7 @@ fn matmul_as_laid(
     let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
     // Planned against packed output strides before the output exists, so a refusal
     // allocates nothing.
-    let packed = packed_strides(&shape);
+    let packed = row_major_contiguous_strides(&shape);
     let gemm = Gemm::plan(
         (lhs_shape, lhs.meta.strides()),
         (rhs_shape, rhs.meta.strides()),
@@ -141,15 +142,6 @@ fn blas_ready(device: &CudaGraphDevice) -> Result<(), Refusal> {
     }
 }
 
-/// Row-major strides of a packed `shape`.
-fn packed_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for dim in (0..shape.len().saturating_sub(1)).rev() {
-        strides[dim] = strides[dim + 1] * shape[dim + 1];
-    }
-    strides
-}
-
 /// `lhs @ rhs` through cuBLAS when both are tensors of this crate's runtime and one GEMM
 /// serves them; otherwise `fallback` (the caller's own matmul) on the same operands.
 pub(crate) fn matmul_or<R: CubeRuntime>(
@@ -187,16 +179,5 @@ fn note(refusal: &Refusal) {
             tracing::warn!("a cuBLAS matmul failed, CubeCL's kernels run it: {err}");
         }
         other => tracing::debug!(target: "burn_graph_capture::matmul", "CubeCL matmul: {other}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packed_strides_are_row_major() {
-        assert_eq!(packed_strides(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(packed_strides(&[5]), vec![1]);
     }
 }

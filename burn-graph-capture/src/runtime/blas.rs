@@ -337,13 +337,10 @@ impl Drop for Blas {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
     fn contiguous(shape: &[usize]) -> Vec<usize> {
-        let mut strides = vec![1; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1];
-        }
-        strides
+        row_major_contiguous_strides(shape).to_vec()
     }
 
     fn plan(lhs: (&[usize], &[usize]), rhs: (&[usize], &[usize])) -> Result<Gemm, GemmRefusal> {
