@@ -7,14 +7,12 @@ use std::marker::PhantomData;
 
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use burn_fusion::{Fusion, FusionBackend};
+use burn_ir::{CustomOpIr, OperationIr, OperationOutput};
 
+use super::custom_op::{Handles, output};
 use crate::backend::GraphBackend;
 use crate::runtime::blas::Gemm;
-
-type Handles<B> =
-    HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
 
 /// Inputs `[lhs, rhs]`, output their product.
 #[derive(Debug)]
@@ -47,7 +45,7 @@ pub(super) fn matmul<B: FusionBackend + GraphBackend>(
         return Fusion::<B>::float_matmul(lhs, rhs);
     };
     let client = lhs.client.clone();
-    let out = TensorIr::uninit(client.create_empty_handle(), shape.into(), lhs.dtype);
+    let out = output::<B>(&lhs, shape, lhs.dtype);
     let streams = OperationStreams::with_inputs([&lhs, &rhs]);
     let desc = CustomOpIr::new("matmul", &[lhs.into_ir(), rhs.into_ir()], &[out]);
     let op = MatmulOp::<B> {

@@ -10,6 +10,8 @@ mod cpu;
 pub(crate) mod cublas;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod custom_op;
 mod forward;
 #[cfg(feature = "cuda")]
 mod fused_matmul;

@@ -4,15 +4,12 @@
 use std::marker::PhantomData;
 
 use burn::tensor::ops::FloatTensor;
-use burn_backend::{DType, Shape};
 use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use burn_fusion::{Fusion, FusionBackend};
+use burn_ir::{CustomOpIr, OperationIr, OperationOutput};
 
+use crate::backend::custom_op::{Handles, output};
 use crate::nn::lstm::backend::{LstmKernels, LstmSaved};
-
-type Handles<B> =
-    HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
 
 /// The forward: inputs `[xp, wh, h0, c0]`, outputs `[states, gates]`.
 #[derive(Debug)]
@@ -56,15 +53,6 @@ impl<B: FusionBackend + LstmKernels> Operation<B::FusionRuntime> for BackwardOp<
             handles.register_float_tensor::<B>(&out.id, gradient);
         }
     }
-}
-
-/// An output of `shape` and `dtype`, to be made by a custom op of `like`'s client.
-fn output<B: FusionBackend>(
-    like: &FusionTensor<B::FusionRuntime>,
-    shape: impl Into<Shape>,
-    dtype: DType,
-) -> TensorIr {
-    TensorIr::uninit(like.client.create_empty_handle(), shape.into(), dtype)
 }
 
 impl<B: FusionBackend + LstmKernels> LstmKernels for Fusion<B> {
