@@ -6,7 +6,7 @@
 //! - cuBLAS `sgemm` (cudarc, loaded dynamically; default math mode, so no TF32) on a
 //!   stream of its own;
 //! - the runtime's own route, `GraphBackend::matmul` (cuBLAS on the runtime's stream,
-//!   with a blocking call to the device's server per matmul);
+//!   each GEMM queued on the device's server like a kernel launch);
 //!
 //! each as the median over rounds of `ITERS` launches queued back to back and one sync,
 //! divided by `ITERS` (per-GEMM device throughput, launch overhead included). Both run on

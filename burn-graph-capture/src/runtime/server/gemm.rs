@@ -52,11 +52,12 @@ impl CudaGraphServer {
     /// Queues `gemm` (fp32) reading `operands[0]` and `[1]` and writing `[2]`, in order
     /// with all work submitted before it.
     ///
-    /// `Err` means nothing was queued, and the caller computes the product another way:
-    /// cuBLAS is off or missing (`BlasUnavailable`), an operand is smaller than the GEMM
-    /// reaches, or cuBLAS refused the call. Inside a window that broke earlier, nothing is
-    /// queued either, and the window reports why it broke.
-    pub fn gemm(&mut self, gemm: Gemm, operands: [Binding; 3]) -> Result<(), CaptureError> {
+    /// `Err` means nothing was queued: cuBLAS is off or missing (`BlasUnavailable`), an
+    /// operand is smaller than the GEMM reaches, or cuBLAS refused the call; both callers
+    /// ([`Self::queue_gemm`] and a held GEMM's turn after a window) park it on the stream.
+    /// Inside a window that broke earlier, nothing is queued either, and the window
+    /// reports why it broke.
+    pub(super) fn gemm(&mut self, gemm: Gemm, operands: [Binding; 3]) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
         self.prepare_blas();
         if !matches!(self.blas, Some(Ok(_))) {
