@@ -14,6 +14,7 @@ use burn::tensor::Tensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -64,6 +65,15 @@ where
     )
 }
 
+/// The packed states `[2, T+1, B, H]` as rows `[2(T+1)B, H]`, so that any step's `[B, H]`
+/// block is a packed row slice. A slice of the 4-d tensor is not: its unit dimensions
+/// keep the whole tensor's strides, and burn's reshape copies such a view.
+fn state_rows<B: burn::tensor::backend::Backend>(states: FloatTensor<B>) -> Tensor<B, 2> {
+    let states = tensor::<B, 4>(states);
+    let [kinds, steps, batch, hidden] = states.dims();
+    states.reshape([kinds * steps * batch, hidden])
+}
+
 /// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.
 fn fused_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
@@ -91,16 +101,15 @@ where
         let hidden = four_h / 4;
         let states = empty(&xp, [2, time + 1, batch, hidden]);
         let gates = empty(&xp, [time, batch, four_h]);
-        let all_states = tensor::<Self, 4>(states.clone());
+        let state_rows = state_rows::<Self>(states.clone());
         let wh = tensor::<Self, 2>(wh);
         let (count, dim) = cells(batch, hidden);
         for t in 0..time {
             let h_prev = match t {
                 0 => tensor::<Self, 2>(h0.clone()),
-                _ => all_states
+                _ => state_rows
                     .clone()
-                    .slice([0..1, t..t + 1, 0..batch, 0..hidden])
-                    .reshape([batch, hidden]),
+                    .slice([t * batch..(t + 1) * batch, 0..hidden]),
             };
             let z = gemm(h_prev, wh.clone());
             kernels::cell_forward::launch::<R>(
@@ -138,7 +147,12 @@ where
         let dz = empty(&states, [time, batch, four_h]);
         let dc = empty(&states, [batch, hidden]);
         let all_dz = tensor::<Self, 3>(dz.clone());
-        let wh_t = tensor::<Self, 2>(wh).transpose();
+        // Packed once per sequence: cuBLAS's heuristics pick a slow kernel for the
+        // transposed view at small batches (55 µs per step at b8/h128 on the H200, in
+        // session 12's ncu); the packed operand is a plain GEMM.
+        let wh_t = tensor::<Self, 2>(into_contiguous(primitive(
+            tensor::<Self, 2>(wh).transpose(),
+        )));
         let (count, dim) = cells(batch, hidden);
         let mut dh_rec: Option<CubeTensor<R>> = None;
         for t in (0..time).rev() {
@@ -165,19 +179,19 @@ where
                 .reshape([batch, four_h]);
             dh_rec = Some(gemm(dz_t, wh_t.clone()));
         }
+        // `d_states` may be any view, so its initial-state gradients are added as
+        // `[1, 1, B, H]` blocks: the sums are fresh packed tensors, and reshape them freely.
         let d_states = tensor::<Self, 4>(d_states);
-        let initial = |kind: usize| {
-            d_states
+        let with_initial = |grad: CubeTensor<R>, kind: usize| {
+            let initial = d_states
                 .clone()
-                .slice([kind..kind + 1, 0..1, 0..batch, 0..hidden])
+                .slice([kind..kind + 1, 0..1, 0..batch, 0..hidden]);
+            (tensor::<Self, 2>(grad).reshape([1, 1, batch, hidden]) + initial)
                 .reshape([batch, hidden])
         };
-        let dh = tensor::<Self, 2>(dh_rec.expect("time > 0"));
-        let d_h0 = dh + initial(0);
-        let d_c0 = tensor::<Self, 2>(dc) + initial(1);
-        let h_prev = tensor::<Self, 4>(states)
-            .slice([0..1, 0..time, 0..batch, 0..hidden])
-            .reshape([time * batch, hidden]);
+        let d_h0 = with_initial(dh_rec.expect("time > 0"), 0);
+        let d_c0 = with_initial(dc, 1);
+        let h_prev = state_rows::<Self>(states).slice([0..time * batch, 0..hidden]);
         let d_wh = tensor::<Self, 2>(gemm(
             h_prev.transpose(),
             all_dz.clone().reshape([time * batch, four_h]),
