@@ -1,8 +1,8 @@
 //! `nn::Lstm` + `Linear` head, the model of the reference configurations (ARCHITECTURE.md).
 
-use burn::nn::{Linear, LinearConfig, Lstm, LstmConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig, Lstm, LstmConfig};
 use burn::prelude::*;
-use burn_graph_capture::nn::{FusedLstm, LstmBackend, LstmConversionError};
+use burn_graph_capture::nn::{FusedLstm, FusedLstmConfig, LstmBackend, LstmConversionError};
 
 /// Sizes of the model.
 #[derive(Config, Debug)]
@@ -85,6 +85,55 @@ impl<B: Backend> LstmRegressor<B> {
 impl<B: LstmBackend> Forecaster<B> for FusedLstmRegressor<B> {
     fn predict(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let (hidden, _state) = self.lstm.forward(x, None);
+        self.head.forward(hidden)
+    }
+}
+
+/// Sizes of [`DropoutLstmRegressor`].
+#[derive(Config, Debug)]
+pub struct DropoutLstmRegressorConfig {
+    /// Input features per time step.
+    #[config(default = 32)]
+    pub d_input: usize,
+    /// Hidden size of both layers.
+    pub d_hidden: usize,
+    /// Dropout probability between the two layers.
+    #[config(default = 0.3)]
+    pub dropout: f64,
+}
+
+/// Two `FusedLstm` layers with dropout between them, and a per-step head: a recurrent
+/// model as most are trained. Its masks come from the trainer's device generator, so its
+/// steps graph like any other (`burn_graph_capture::rng`).
+#[derive(Module, Debug)]
+pub struct DropoutLstmRegressor<B: Backend> {
+    /// The input-side layer.
+    pub first: FusedLstm<B>,
+    /// Between the layers.
+    pub dropout: Dropout,
+    /// The output-side layer.
+    pub second: FusedLstm<B>,
+    /// The per-step output layer.
+    pub head: Linear<B>,
+}
+
+impl DropoutLstmRegressorConfig {
+    /// Builds the model with fresh weights from `B`'s RNG.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> DropoutLstmRegressor<B> {
+        let layer = |d_input| FusedLstmConfig::new(d_input, self.d_hidden, true).init(device);
+        DropoutLstmRegressor {
+            first: layer(self.d_input),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            second: layer(self.d_hidden),
+            head: LinearConfig::new(self.d_hidden, 1).init(device),
+        }
+    }
+}
+
+impl<B: LstmBackend> Forecaster<B> for DropoutLstmRegressor<B> {
+    fn predict(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let (hidden, _state) = self.first.forward(x, None);
+        let (hidden, _state) = self.second.forward(self.dropout.forward(hidden), None);
         self.head.forward(hidden)
     }
 }

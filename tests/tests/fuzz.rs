@@ -8,7 +8,9 @@
 //! changing shapes (partial batches, sequence lengths beyond `max_graphs`), learning-rate
 //! changes, snapshots, take-out and put-back, a model reloaded from a record, eager work
 //! between steps, the second trainer's steps and its drop. Checks:
-//! - every loss and the final parameters equal the eager loop's, bit for bit;
+//! - every loss and the final parameters equal the eager loop's, bit for bit (for
+//!   programs that draw random numbers, the trainer's with capture off: the draws come
+//!   from the trainer's generator);
 //! - every snapshot keeps the values it had, which are the eager loop's at that point;
 //! - every step that did not replay carries the reason the program calls for.
 //!
@@ -80,7 +82,8 @@ enum Kind {
 struct Flags {
     /// The step reads its loss to the host (a capture breaker).
     host_read: bool,
-    /// The step draws random numbers (a capture breaker).
+    /// The step draws random numbers (from the trainer's generator, graphed; the
+    /// reference is then the trainer with capture off).
     random: bool,
     /// A second trainer shares the model from the start.
     shared: bool,
@@ -302,11 +305,19 @@ struct Trace {
 }
 
 /// The program through `GraphTrainer` (and the second trainer, if any). Also checks
-/// snapshots and reasons; returns the trace or what went wrong.
-fn graphed<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<Trace, String> {
+/// snapshots and reasons; returns the trace or what went wrong. With `capture` off
+/// every step runs eagerly through the trainer: the reference of programs that draw
+/// random numbers, which the trainer's own generator serves (`rng`), not Burn's.
+fn graphed<G: GraphBackend, S: Subject<G>>(
+    subject: S,
+    program: &Program,
+    capture: bool,
+) -> Result<Trace, String> {
     let device = Default::default();
     let flags = program.flags;
-    let config = GraphTrainerConfig::new().with_max_graphs(MAX_GRAPHS);
+    let config = GraphTrainerConfig::new()
+        .with_max_graphs(MAX_GRAPHS)
+        .with_capture(capture);
     let adam = || {
         CapturableAdamConfig::new()
             .with_learning_rate(3e-3)
@@ -332,7 +343,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Res
                     &outcome.mode,
                     flags,
                     second.is_some(),
-                    G::supports_hardware_graphs(&device),
+                    G::supports_hardware_graphs(&device) && capture,
                 )
                 .map_err(|e| format!("event {index}: {e}"))?;
                 let loss: f32 = outcome.output.into_scalar().elem();
@@ -436,7 +447,8 @@ fn check_reason(
     second_alive: bool,
     hardware: bool,
 ) -> Result<(), String> {
-    let breakers = flags.host_read || flags.random;
+    // Random draws come from the trainer's device generator: they break nothing.
+    let breakers = flags.host_read;
     let ok = match mode {
         StepMode::Captured | StepMode::Replayed => hardware && !breakers && !second_alive,
         StepMode::Eager(reason) => match reason {
@@ -446,6 +458,7 @@ fn check_reason(
             | FallbackReason::GraphCacheFull
             | FallbackReason::ModelReplaced => true,
             FallbackReason::NoHardwareGraphs => !hardware && !breakers,
+            FallbackReason::CaptureDisabled => !hardware,
             // Parameters a reload left laid out as uploads (pitched rows), not as pinned.
             FallbackReason::LayoutChanged { .. } => hardware && !breakers,
             FallbackReason::CaptureBreaker(_) => breakers,
@@ -542,8 +555,12 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
 fn run<G: GraphBackend>(program: &Program) -> Result<(), String> {
     let _serial = rng_lock();
     fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
-        let graphed = graphed::<G, S>(subject, program)?;
-        let eager = eager::<G, S>(subject, program);
+        let trace = graphed::<G, S>(subject, program, true)?;
+        let eager = match program.flags.random {
+            true => graphed::<G, S>(subject, program, false)?,
+            false => eager::<G, S>(subject, program),
+        };
+        let graphed = trace;
         if let Some(step) = graphed
             .losses
             .iter()
@@ -707,6 +724,7 @@ fn a_divergence_is_caught() {
                     .collect(),
                 ..program.clone()
             },
+            true,
         )?;
         let eager = eager::<Flex, _>(LstmSubject, program);
         (graphed.losses == eager.losses && graphed.params == eager.params)

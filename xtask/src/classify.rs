@@ -48,6 +48,9 @@ pub enum OpClass {
     DeviceTransfer,
     /// Draws random numbers from host-seeded state.
     Rng,
+    /// `float_random`: drawn from a trainer's device generator inside its steps (no
+    /// breaker then), else host-seeded like the other random ops.
+    DeviceRandom,
     /// Output shape depends on tensor values.
     DataDependentShape,
 }
@@ -62,6 +65,7 @@ impl OpClass {
                 let prefix = op.trim_end_matches("_to_device");
                 format!("DeviceTransfer({prefix}_device, tensor, device)")
             }
+            OpClass::DeviceRandom => "DeviceRandom(shape, device, dtype)".to_string(),
             other => other.as_str().to_string(),
         }
     }
@@ -72,6 +76,7 @@ impl OpClass {
             OpClass::HostRead => "HostRead",
             OpClass::DeviceTransfer => "DeviceTransfer",
             OpClass::Rng => "Rng",
+            OpClass::DeviceRandom => "DeviceRandom",
             OpClass::DataDependentShape => "DataDependentShape",
         }
     }
@@ -82,6 +87,8 @@ pub fn classify_op(name: &str) -> OpClass {
         OpClass::HostRead
     } else if name.ends_with("_to_device") {
         OpClass::DeviceTransfer
+    } else if name == "float_random" {
+        OpClass::DeviceRandom
     } else if name.ends_with("_random") {
         OpClass::Rng
     } else if name.contains("argwhere") || name.contains("nonzero") {
@@ -268,7 +275,8 @@ mod tests {
         assert_eq!(classify_op("float_into_data"), OpClass::HostRead);
         assert_eq!(classify_op("tr_execute"), OpClass::HostRead);
         assert_eq!(classify_op("int_to_device"), OpClass::DeviceTransfer);
-        assert_eq!(classify_op("float_random"), OpClass::Rng);
+        assert_eq!(classify_op("float_random"), OpClass::DeviceRandom);
+        assert_eq!(classify_op("int_random"), OpClass::Rng);
         assert_eq!(classify_op("bool_argwhere"), OpClass::DataDependentShape);
         assert_eq!(classify_op("float_add"), OpClass::Op);
     }
@@ -295,7 +303,11 @@ mod tests {
             OpClass::DeviceTransfer.table_text("q_to_device"),
             "DeviceTransfer(q_device, tensor, device)"
         );
-        assert_eq!(OpClass::Rng.table_text("float_random"), "Rng");
+        assert_eq!(OpClass::Rng.table_text("int_random"), "Rng");
+        assert_eq!(
+            OpClass::DeviceRandom.table_text("float_random"),
+            "DeviceRandom(shape, device, dtype)"
+        );
     }
 
     #[test]

@@ -68,8 +68,10 @@ impl<B: super::GraphBackend> Backend for GraphCapture<B> {
         format!("graph_capture<{}>", B::name(device))
     }
 
+    /// Seeds `B`'s generator and the device generator trainers draw from (`rng::seed`).
     fn seed(device: &Self::Device, seed: u64) {
         record_breaker("seed", BreakerKind::Rng);
+        crate::rng::seed::set(burn_backend::DeviceOps::id(device), seed);
         B::seed(device, seed)
     }
 

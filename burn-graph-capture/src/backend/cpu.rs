@@ -2,9 +2,19 @@
 
 #[cfg(feature = "flex")]
 mod flex {
+    use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor, IntTensorOps};
+    use burn::tensor::{Distribution, Int, Tensor};
+    use burn_backend::{FloatDType, Shape, TensorData};
     use burn_flex::Flex;
 
     use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
+    use crate::rng::{draw, state::Words};
+
+    /// The generator state's words, read on the host (Flex has no graphs to break).
+    fn words(state: &IntTensor<Flex>) -> Words {
+        let data = Tensor::<Flex, 1, Int>::from_primitive(state.clone()).into_data();
+        Words::from_data(&data).expect("a generator state holds four 32-bit words")
+    }
 
     impl GraphBackend for Flex {
         type Graph = NoGraph;
@@ -38,6 +48,33 @@ mod flex {
             Some(BufferId(
                 std::sync::Arc::as_ptr(&t.data_arc()) as usize as u64
             ))
+        }
+
+        /// Draws on the host, through `rng::draw`: the values the device kernel computes.
+        fn draws_random(_shape: &Shape, _dtype: FloatDType) -> bool {
+            true
+        }
+
+        fn random(
+            state: &IntTensor<Self>,
+            draw: u32,
+            shape: Shape,
+            distribution: Distribution,
+            dtype: FloatDType,
+        ) -> FloatTensor<Self> {
+            let Words { key, offset } = words(state);
+            let offset = offset.wrapping_add(u64::from(draw));
+            let values = draw::values(key, offset, distribution, shape.num_elements());
+            let data = TensorData::new(values, shape).convert_dtype(dtype.into());
+            Self::float_from_data(data, &Self::int_device(state))
+        }
+
+        fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
+            let next = words(&state).advanced(draws);
+            let data = next
+                .to_data(state.dtype())
+                .expect("a generator state is of an int type of 32 bits or more");
+            Self::int_from_data(data, &Self::int_device(&state))
         }
     }
 }

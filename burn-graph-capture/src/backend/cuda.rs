@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use burn::tensor::Distribution;
 use burn::tensor::ops::FloatTensorOps;
-use burn_backend::{DType, TensorMetadata};
+use burn_backend::{DType, FloatDType, Shape, TensorMetadata};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
@@ -112,6 +113,27 @@ impl GraphBackend for CudaCube {
 
     fn routes_matmul(dtype: DType) -> bool {
         dtype == DType::F32 && crate::runtime::blas::enabled()
+    }
+
+    fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
+        crate::rng::cube::draws(shape, dtype.into())
+    }
+
+    fn random(
+        state: &CubeTensor<CudaGraphRuntime>,
+        draw: u32,
+        shape: Shape,
+        distribution: Distribution,
+        dtype: FloatDType,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        crate::rng::cube::random(state, draw, shape, distribution, dtype.into())
+    }
+
+    fn advance_random(
+        state: CubeTensor<CudaGraphRuntime>,
+        draws: u32,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        crate::rng::cube::advance(state, draws)
     }
 
     fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {

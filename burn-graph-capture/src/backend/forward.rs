@@ -19,6 +19,10 @@ macro_rules! forward_ops {
             Some($crate::backend::session::BreakerKind::DeviceTransfer)
         }
     };
+    // Served by a trainer's device generator inside its steps (`rng::serve`).
+    (@breaker DeviceRandom($shape:ident, $device:ident, $dtype:ident)) => {
+        $crate::rng::serve::breaker::<B>(&$shape, $device, $dtype)
+    };
     (@breaker $class:ident) => { Some($crate::backend::session::BreakerKind::$class) };
 
     (@record tensor, $rec:ident, $arg:ident) => { $rec.tensor(&$arg) };
@@ -58,6 +62,9 @@ macro_rules! forward_ops {
     };
     (@call linear_weight_backward, $trait:ident, $x:expr, $grad:expr) => {
         $crate::backend::linear::linear_weight_backward::<B>($x, $grad)
+    };
+    (@call float_random, $trait:ident, $shape:expr, $distribution:expr, $device:expr, $dtype:expr) => {
+        $crate::rng::serve::float_random::<B>($shape, $distribution, $device, $dtype)
     };
     (@call $name:ident, $trait:ident, $($arg:expr),*) => { <B as $trait<B>>::$name($($arg),*) };
 

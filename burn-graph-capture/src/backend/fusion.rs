@@ -13,8 +13,9 @@
 use burn_fusion::{Fusion, FusionBackend, FusionTensor, NoOp, client::GlobalFusionClient};
 use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
 
-use burn::tensor::ops::FloatTensor;
-use burn_backend::{DType, StreamId};
+use burn::tensor::Distribution;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_backend::{DType, FloatDType, Shape, StreamId};
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
 
@@ -174,5 +175,23 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
 
     fn routes_matmul(dtype: DType) -> bool {
         B::routes_matmul(dtype)
+    }
+
+    fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
+        B::draws_random(shape, dtype)
+    }
+
+    fn random(
+        state: &IntTensor<Self>,
+        draw: u32,
+        shape: Shape,
+        distribution: Distribution,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        crate::rng::fusion::random::<B>(state, draw, shape, distribution, dtype)
+    }
+
+    fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
+        crate::rng::fusion::advance::<B>(state, draws)
     }
 }

@@ -4,8 +4,9 @@
 //! code runs on CUDA (real graphs) and on CPU backends (honest "no graphs": every step
 //! eager, every guard still exercised).
 
-use burn::tensor::ops::FloatTensor;
-use burn_backend::{Backend, DType, StreamId};
+use burn::tensor::Distribution;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_backend::{Backend, DType, FloatDType, Shape, StreamId};
 use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
@@ -182,6 +183,34 @@ pub trait GraphBackend:
     fn routes_matmul(_dtype: DType) -> bool {
         false
     }
+
+    /// Whether [`random`](Self::random) draws values of `shape` and `dtype` from a
+    /// generator state on the device (`rng::state`). Where it does not, a trainer's
+    /// random ops are the backend's own, host-seeded, and break captures.
+    fn draws_random(_shape: &Shape, _dtype: FloatDType) -> bool {
+        false
+    }
+
+    /// Draw `draw` of a step from the generator `state`: the values `rng::draw` gives
+    /// at offset `offset + draw` under the state's key, read from the device when the
+    /// kernel runs (a replay draws from the state as it is then). Called only where
+    /// [`draws_random`](Self::draws_random) holds; the default is the backend's own
+    /// `float_random`.
+    fn random(
+        state: &IntTensor<Self>,
+        _draw: u32,
+        shape: Shape,
+        distribution: Distribution,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::float_random(shape, distribution, &Self::int_device(state), dtype)
+    }
+
+    /// The generator `state` after `draws` more draws (its offset advanced), as a new
+    /// tensor.
+    fn advance_random(state: IntTensor<Self>, _draws: u32) -> IntTensor<Self> {
+        state
+    }
 }
 
 /// A graph that cannot exist: the type of graphs on backends without them.
@@ -241,5 +270,23 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn routes_matmul(dtype: DType) -> bool {
         B::routes_matmul(dtype)
+    }
+
+    fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
+        B::draws_random(shape, dtype)
+    }
+
+    fn random(
+        state: &IntTensor<Self>,
+        draw: u32,
+        shape: Shape,
+        distribution: Distribution,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        B::random(state, draw, shape, distribution, dtype)
+    }
+
+    fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
+        B::advance_random(state, draws)
     }
 }

@@ -1,5 +1,7 @@
 //! Values of one draw on the host: element `i` of the draw at `offset` under `seed`, for
-//! each of Burn's distributions. The device kernel computes the same function.
+//! each of Burn's distributions. The device kernel (`rng::cube`) computes the same
+//! function in the same f32 arithmetic, so uniform and Bernoulli draws agree with it to
+//! the bit (up to a fused multiply-add) and normal ones to the GPU's `ln`/`cos` rounding.
 
 use burn::tensor::Distribution;
 
@@ -11,12 +13,18 @@ pub fn element(seed: u64, offset: u64, distribution: Distribution, index: u64) -
     let word = words[(index % 4) as usize];
     match distribution {
         Distribution::Default => unit(word),
-        Distribution::Uniform(low, high) => (low + (high - low) * f64::from(unit(word))) as f32,
-        Distribution::Bernoulli(p) => f32::from(u8::from(f64::from(unit(word)) < p)),
-        Distribution::Normal(mean, std) => {
-            (mean + std * f64::from(standard_normal(words, index))) as f32
+        Distribution::Uniform(low, high) => {
+            let (low, span) = uniform_params(low, high);
+            low + span * unit(word)
         }
+        Distribution::Bernoulli(p) => f32::from(u8::from(unit(word) < p as f32)),
+        Distribution::Normal(mean, std) => mean as f32 + std as f32 * standard_normal(words, index),
     }
+}
+
+/// A uniform draw's low end and width in f32, as the kernel takes them.
+pub fn uniform_params(low: f64, high: f64) -> (f32, f32) {
+    (low as f32, (high - low) as f32)
 }
 
 /// The first `len` elements of a draw.

@@ -27,6 +27,7 @@ use super::learner::Learner;
 use super::mode::FallbackReason;
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::pinning::{Pinned, copy_float};
+use super::random::TrainerRandom;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
 };
@@ -219,6 +220,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         &mut self,
         learner: &mut Learner<M, O>,
         step_fn: &mut F,
+        random: &mut TrainerRandom<G>,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
@@ -239,7 +241,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let pins = self.pins.as_ref().expect("pinned above");
         let accounted = Accounted::new(
             pins.allocations()
-                .chain(static_inputs.iter().map(AnyTensor::allocation_id)),
+                .chain(static_inputs.iter().map(AnyTensor::allocation_id))
+                .chain([random.accounted()]),
         );
 
         let started = Instant::now();
@@ -250,7 +253,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let caller = StreamId::current();
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
             G::capture(device, || {
-                record_step(learner, step_fn, &static_batch, pins, caller)
+                record_step(learner, step_fn, random, &static_batch, pins, caller)
             })
         }));
         let recording = session.finish();
@@ -455,12 +458,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 }
 
-/// The body of a captured step: the shared training step, then the write-back of the
-/// new values into the pins. Returns the step's item, detached and handed over to the
-/// `caller`'s stream (`GraphBackend::hand_over`).
+/// The body of a captured step: the shared training step (its random ops drawn from
+/// `random`, whose state then advances), then the write-back of the new values into the
+/// pins. Returns the step's item, detached and handed over to the `caller`'s stream
+/// (`GraphBackend::hand_over`).
 fn record_step<G, M, O, I, F, R>(
     learner: &mut Learner<M, O>,
     step_fn: &mut F,
+    random: &mut TrainerRandom<G>,
     batch: &I,
     pins: &Pinned<G>,
     caller: StreamId,
@@ -472,7 +477,12 @@ where
     F: FnMut(&M, &I) -> R,
     R: StepOutput<TrainBackend<G>>,
 {
-    let item = learner.train(step_fn, batch).map_err(Fallback::Step)?;
+    let item = random
+        .draw_in(|| learner.train(step_fn, batch))
+        .map_err(Fallback::Step)?;
+    random
+        .advance()
+        .map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
     let model = learner.model().clone();
     // Values the step left laid out unlike the pins drop this capture; the eager step
     // instead pins them again as they lie (`Graphs::seat_model`).

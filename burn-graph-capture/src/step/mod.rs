@@ -16,6 +16,7 @@ mod learner;
 mod mode;
 mod output;
 mod pinning;
+mod random;
 mod registry;
 mod report;
 mod trainer;

@@ -50,9 +50,22 @@ pub struct TrainerReport {
     pub snapshot_copies: u64,
     /// Host time spent making those copies, in milliseconds.
     pub snapshot_ms: f64,
+    /// The random ops drawn inside graphs, from the trainer's device generator (op,
+    /// distribution and shape; sorted). Random ops it does not serve break captures and
+    /// appear as `Rng` breakers among the fallbacks.
+    pub graphed_random_ops: Vec<String>,
 }
 
 impl TrainerReport {
+    /// Notes the random ops a captured step drew.
+    pub(crate) fn graphed_random(&mut self, served: &[String]) {
+        for op in served {
+            if let Err(at) = self.graphed_random_ops.binary_search(op) {
+                self.graphed_random_ops.insert(at, op.clone());
+            }
+        }
+    }
+
     pub(crate) fn count(&mut self, mode: &StepMode) {
         self.steps += 1;
         match mode {

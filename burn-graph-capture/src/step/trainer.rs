@@ -18,6 +18,7 @@ use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
 use super::output::{StepOutput, detached};
 use super::pinning::{buffer_id, buffers};
+use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
@@ -83,6 +84,8 @@ where
     misfit: Option<StepError>,
     /// Registered buffers, kept alive so that their identities stay unique.
     registration: Registration<FloatTensor<G>>,
+    /// The generator the steps' random ops draw from (dropout masks).
+    random: TrainerRandom<G>,
     shared_with: Option<TrainerId>,
     report: TrainerReport,
     last_mode: Option<StepMode>,
@@ -117,6 +120,8 @@ where
             id,
             graphs: Graphs::new(&config),
             config,
+            // (Before `device` moves in.)
+            random: TrainerRandom::new(&device),
             device,
             step_fn,
             learner: Learner::new(model, optimizer),
@@ -151,6 +156,7 @@ where
             .map(AnyTensor::into_inner)
             .collect();
         let key = check_batch::<G>(&inputs, &self.device, host_key(&batch))?;
+        self.random.follow_seed();
         self.shared_with = registry::shared_with(self.id);
         let plan = match self.shared_with {
             Some(other) => {
@@ -312,7 +318,8 @@ where
         let accounted = self
             .graphs
             .owned(&mut self.learner)
-            .with(inputs.iter().map(AnyTensor::allocation_id));
+            .with(inputs.iter().map(AnyTensor::allocation_id))
+            .with([self.random.accounted()]);
         let device = self.device.clone();
         let (output, recording) = if rehearse {
             G::rehearse(&device, || self.eager_step(batch, true))?
@@ -340,6 +347,7 @@ where
             let captured = self.graphs.capture(
                 &mut self.learner,
                 &mut self.step_fn,
+                &mut self.random,
                 key,
                 batch,
                 inputs,
@@ -347,6 +355,9 @@ where
             );
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
+            if captured.is_ok() {
+                self.report.graphed_random(self.random.served());
+            }
             captured.map(|output| (output, StepMode::Captured))
         } else {
             self.graphs
@@ -378,8 +389,12 @@ where
         record: bool,
     ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let (learner, step_fn) = (&mut self.learner, &mut self.step_fn);
-        let item = G::isolate(&self.device, || learner.train(step_fn, batch))?;
+        let (learner, step_fn, random) = (&mut self.learner, &mut self.step_fn, &mut self.random);
+        let item = G::isolate(&self.device, || {
+            let item = random.draw_in(|| learner.train(step_fn, batch));
+            random.advance_eager();
+            item
+        })?;
         let recording = session.map(CaptureSession::finish);
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();

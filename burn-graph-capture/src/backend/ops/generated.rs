@@ -7,7 +7,7 @@ use super::prelude::*;
 forward_ops! {
     FloatTensorOps;
     [Op] fn float_from_data(data: TensorData as data, device: &Device<Self> as attr) -> FloatTensor<Self> as tensor;
-    [Rng] fn float_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [DeviceRandom(shape, device, dtype)] fn float_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_zeros(shape: Shape as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_ones(shape: Shape as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_full(shape: Shape as attr, fill_value: Scalar as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;

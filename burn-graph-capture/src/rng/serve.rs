@@ -1,0 +1,56 @@
+//! The decorator's `float_random`: inside a trainer's step ([`scope`](super::scope)) it
+//! draws from the trainer's generator on the device, where the inner backend can
+//! ([`GraphBackend::draws_random`]); anywhere else it is the inner backend's own, whose
+//! host-seeded draws break a capture (`BreakerKind::Rng`).
+
+use burn::tensor::Distribution;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_backend::{FloatDType, Shape};
+
+use super::scope;
+use crate::backend::GraphBackend;
+use crate::backend::session::{self, BreakerKind};
+
+/// Whether a draw of `shape` and `dtype` on `device` comes from the open scope's
+/// generator (else it is a capture breaker).
+pub(crate) fn serves<B: GraphBackend>(
+    shape: &Shape,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> bool {
+    B::draws_random(shape, dtype)
+        && scope::state::<IntTensor<B>>().is_some_and(|state| B::int_device(&state) == *device)
+}
+
+/// The capture breaker of a draw: none when the generator serves it.
+pub(crate) fn breaker<B: GraphBackend>(
+    shape: &Shape,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> Option<BreakerKind> {
+    (!serves::<B>(shape, device, dtype)).then_some(BreakerKind::Rng)
+}
+
+/// `float_random` of the decorator over `B`.
+pub(crate) fn float_random<B: GraphBackend>(
+    shape: Shape,
+    distribution: Distribution,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> FloatTensor<B> {
+    if serves::<B>(&shape, device, dtype)
+        && let Some(state) = scope::state::<IntTensor<B>>()
+        && let Some(draw) = scope::next_draw(|| format!("float_random {distribution:?} {shape:?}"))
+    {
+        if session::is_recording() {
+            // The draw reads the generator's state (the guard accounts for it) at a
+            // step-constant index (the signature holds it fixed).
+            session::record_op("random_state", None, |rec| {
+                rec.tensor(&state);
+                rec.attr(&draw);
+            });
+        }
+        return B::random(&state, draw, shape, distribution, dtype);
+    }
+    B::float_random(shape, distribution, device, dtype)
+}
