@@ -5,7 +5,10 @@
 //! - `stock`: `Autodiff<burn_cuda::Cuda>` with Burn's own Adam, eager;
 //! - `cube`: `CudaCube` (no fusion), graphed;
 //! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
-//!   graphed and eager.
+//!   graphed and eager;
+//! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
+//!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
+//!   not in the default list).
 //!
 //! Built by `scripts/gpu-check.sh pack`; run by its `speed` and `ncu` stages.
 //! - `gpu_graph_speed [SIZES] [STACKS]`: SIZES is `all` (default) or `b/t/h,b/t/h`;
@@ -14,8 +17,8 @@
 //! - `gpu_graph_speed profile TARGET b/t/h`: runs one step between `cuProfilerStart` and
 //!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock`, `cube`
 //!   or `fused-lstm` profiles the eager step after the trainer's warmup count of eager
-//!   steps (the step a graph captures); `fused-replay`, `cube-replay` or
-//!   `fused-lstm-replay` profiles one replay of the graph.
+//!   steps (the step a graph captures); `fused-replay`, `cube-replay`,
+//!   `fused-lstm-replay` or `dropout-replay` profiles one replay of the graph.
 
 mod memory;
 mod ours;
@@ -27,7 +30,7 @@ mod timing;
 use burn_graph_capture::runtime::CudaGraphDevice;
 use burn_graph_capture::{CudaCube, CudaFused};
 use lstm_example::LstmRegressor;
-use lstm_example::model::FusedLstmRegressor;
+use lstm_example::model::{DropoutLstmRegressor, FusedLstmRegressor};
 use serde_json::{Value, json};
 
 use setup::{Size, Workload, parse_sizes};
@@ -75,6 +78,9 @@ type Nn<G> = LstmRegressor<burn_graph_capture::TrainBackend<G>>;
 /// The same weights with `FusedLstm`.
 type Batched<G> = FusedLstmRegressor<burn_graph_capture::TrainBackend<G>>;
 
+/// Two `FusedLstm` layers with dropout between them.
+type Dropped<G> = DropoutLstmRegressor<burn_graph_capture::TrainBackend<G>>;
+
 /// One row of the closing table.
 struct Row {
     size: Size,
@@ -88,7 +94,7 @@ fn speed(sizes: &[Size], stacks: &[String]) {
     let wants = |s: &str| stacks.iter().any(|x| x == s);
     let mut rows = Vec::new();
     for &size in sizes {
-        let work = Workload::new(size);
+        let mut work = Workload::new(size);
         if wants("fused") {
             let run = ours::graphed::<CudaFused, Nn<CudaFused>>(&work, &device);
             emit(size, "fused", "graphed", &run.timing, graphed_json(&run));
@@ -129,6 +135,31 @@ fn speed(sizes: &[Size], stacks: &[String]) {
             rows.push(Row {
                 size,
                 stack: "fused-lstm",
+                mode: "eager",
+                timing,
+            });
+        }
+        // Two `FusedLstm` layers with dropout 0.3 between them, and the same model
+        // without it (issue 15: what drawing the masks on the device costs).
+        for (stack, p) in [("dropout", 0.3), ("no-dropout", 0.0)] {
+            if !wants(stack) {
+                continue;
+            }
+            work.dropout = p;
+            let run = ours::graphed::<CudaFused, Dropped<CudaFused>>(&work, &device);
+            emit(size, stack, "graphed", &run.timing, graphed_json(&run));
+            rows.push(Row {
+                size,
+                stack,
+                mode: "graphed",
+                timing: run.timing,
+            });
+            let (timing, pools) = ours::eager::<CudaFused, Dropped<CudaFused>>(&work, &device);
+            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+            emit(size, stack, "eager", &timing, extra);
+            rows.push(Row {
+                size,
+                stack,
                 mode: "eager",
                 timing,
             });
@@ -185,6 +216,7 @@ fn profile(target: &str, size: Size) {
         "fused-lstm-replay" => {
             ours::profile_replay::<CudaFused, Batched<CudaFused>>(&work, &device)
         }
+        "dropout-replay" => ours::profile_replay::<CudaFused, Dropped<CudaFused>>(&work, &device),
         "stock" => stock::profile(&work),
         other => panic!("unknown profile target {other:?}"),
     };

@@ -5,9 +5,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::backend::Flex;
+use burn::nn::DropoutConfig;
 use burn::prelude::*;
 use burn_graph_capture::nn::LstmBackend;
-use lstm_example::model::{Forecaster, FusedLstmRegressor};
+use lstm_example::model::{DropoutLstmRegressor, Forecaster, FusedLstmRegressor};
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
@@ -80,6 +81,10 @@ pub struct Workload {
     pub size: Size,
     config: LstmRegressorConfig,
     weights: Vec<u8>,
+    /// A second layer `H -> H` (for the two-layer dropout model), drawn when first asked.
+    second: std::sync::OnceLock<Vec<u8>>,
+    /// The dropout probability between the dropout model's layers.
+    pub dropout: f64,
 }
 
 impl Workload {
@@ -91,6 +96,33 @@ impl Workload {
             size,
             config,
             weights,
+            second: std::sync::OnceLock::new(),
+            dropout: 0.3,
+        }
+    }
+
+    fn second_config(&self) -> LstmRegressorConfig {
+        LstmRegressorConfig::new(self.size.h).with_d_input(self.size.h)
+    }
+
+    /// The dropout model: this workload's layer and head, a second layer, `dropout`
+    /// between them (0 skips it: the same model without dropout).
+    pub fn dropout_model<B: LstmBackend>(&self, device: &B::Device) -> DropoutLstmRegressor<B> {
+        let second = self
+            .second
+            .get_or_init(|| to_bytes(self.second_config().init::<Flex>(&Default::default())));
+        let fused = |model: LstmRegressor<B>| model.to_fused().expect("nn::Lstm converts");
+        let first = fused(self.model(device));
+        let second = fused(from_bytes::<B>(
+            &self.second_config(),
+            second.clone(),
+            device,
+        ));
+        DropoutLstmRegressor {
+            first: first.lstm,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            second: second.lstm,
+            head: first.head,
         }
     }
 
@@ -129,5 +161,11 @@ impl<B: Backend> BenchModel<B> for LstmRegressor<B> {
 impl<B: LstmBackend> BenchModel<B> for FusedLstmRegressor<B> {
     fn build(work: &Workload, device: &B::Device) -> Self {
         work.model(device).to_fused().expect("nn::Lstm converts")
+    }
+}
+
+impl<B: LstmBackend> BenchModel<B> for DropoutLstmRegressor<B> {
+    fn build(work: &Workload, device: &B::Device) -> Self {
+        work.dropout_model(device)
     }
 }

@@ -18,7 +18,9 @@
 //!   a graph's life;
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
 //!   eager training;
-//! - `matmul`: issue 12's cuBLAS matmuls give the fp32 product in every layout.
+//! - `matmul`: issue 12's cuBLAS matmuls give the fp32 product in every layout;
+//! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
+//!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
 //! Every test is generic over the inner backend stack and instantiated per stack, as
 //! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameter_runs_eagerly`).
@@ -52,6 +54,7 @@ macro_rules! stack_tests {
 
 mod common;
 mod correctness;
+mod dropout;
 #[cfg(feature = "fault-injection")]
 mod faults;
 mod fused_lstm;
