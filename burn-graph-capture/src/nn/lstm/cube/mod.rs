@@ -74,6 +74,16 @@ fn state_rows<B: burn::tensor::backend::Backend>(states: FloatTensor<B>) -> Tens
     states.reshape([kinds * steps * batch, hidden])
 }
 
+/// Experiment (session 13): `BURN_GRAPH_CAPTURE_LSTM_DH=transposed` computes each step's
+/// hidden gradient as `(W_h @ dz_t^T)^T`, to compare cuBLAS's kernel picks for the two
+/// GEMM shapes at small batches.
+fn hidden_gradient_transposed() -> bool {
+    static TRANSPOSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRANSPOSED.get_or_init(|| {
+        std::env::var("BURN_GRAPH_CAPTURE_LSTM_DH").is_ok_and(|v| v == "transposed")
+    })
+}
+
 /// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.
 fn fused_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
@@ -147,12 +157,13 @@ where
         let dz = empty(&states, [time, batch, four_h]);
         let dc = empty(&states, [batch, hidden]);
         let all_dz = tensor::<Self, 3>(dz.clone());
+        let wh = tensor::<Self, 2>(wh);
+        let transposed = hidden_gradient_transposed();
         // Packed once per sequence: cuBLAS's heuristics pick a slow kernel for the
         // transposed view at small batches (55 µs per step at b8/h128 on the H200, in
         // session 12's ncu); the packed operand is a plain GEMM.
-        let wh_t = tensor::<Self, 2>(into_contiguous(primitive(
-            tensor::<Self, 2>(wh).transpose(),
-        )));
+        let wh_t = (!transposed)
+            .then(|| tensor::<Self, 2>(into_contiguous(primitive(wh.clone().transpose()))));
         let (count, dim) = cells(batch, hidden);
         let mut dh_rec: Option<CubeTensor<R>> = None;
         for t in (0..time).rev() {
@@ -177,7 +188,13 @@ where
                 .clone()
                 .slice([t..t + 1, 0..batch, 0..four_h])
                 .reshape([batch, four_h]);
-            dh_rec = Some(gemm(dz_t, wh_t.clone()));
+            dh_rec = Some(match &wh_t {
+                Some(wh_t) => gemm(dz_t, wh_t.clone()),
+                // `(W_h @ dz_t^T)^T`: the same values, another GEMM shape for cuBLAS.
+                None => {
+                    primitive(tensor::<Self, 2>(gemm(wh.clone(), dz_t.transpose())).transpose())
+                }
+            });
         }
         // `d_states` may be any view, so its initial-state gradients are added as
         // `[1, 1, B, H]` blocks: the sums are fresh packed tensors, and reshape them freely.
