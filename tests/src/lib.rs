@@ -17,6 +17,9 @@ pub mod optimizers {}
 #[doc = include_str!("../../book/src/fused-lstm.md")]
 pub mod fused_lstm {}
 
+#[doc = include_str!("../../book/src/dropout.md")]
+pub mod dropout {}
+
 #[doc = include_str!("../../book/src/report.md")]
 pub mod report {}
 
