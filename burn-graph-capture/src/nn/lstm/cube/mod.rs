@@ -74,14 +74,13 @@ fn state_rows<B: burn::tensor::backend::Backend>(states: FloatTensor<B>) -> Tens
     states.reshape([kinds * steps * batch, hidden])
 }
 
-/// Experiment (session 13): `BURN_GRAPH_CAPTURE_LSTM_DH=transposed` computes each step's
-/// hidden gradient as `(W_h @ dz_t^T)^T`, to compare cuBLAS's kernel picks for the two
-/// GEMM shapes at small batches.
-fn hidden_gradient_transposed() -> bool {
-    static TRANSPOSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRANSPOSED.get_or_init(|| {
-        std::env::var("BURN_GRAPH_CAPTURE_LSTM_DH").is_ok_and(|v| v == "transposed")
-    })
+/// Whether a step's hidden gradient is computed as `(W_h @ dz_t^T)^T`. At batch 8,
+/// cuBLAS's heuristics give `dz_t @ W_h^T` an unsplit 32x128-tile kernel (54 µs a step at
+/// h128 on the H200) and the transposed product a split-K GEMM (the step: 1.77 ms
+/// against 4.61); at batches 32 and 128 the direct product is 3-5% faster
+/// (`bench/results/lstm-2026-12-01.md`, session 13). Batches between were not measured.
+fn hidden_gradient_transposed(batch: usize) -> bool {
+    batch <= 16
 }
 
 /// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.
@@ -158,11 +157,9 @@ where
         let dc = empty(&states, [batch, hidden]);
         let all_dz = tensor::<Self, 3>(dz.clone());
         let wh = tensor::<Self, 2>(wh);
-        let transposed = hidden_gradient_transposed();
-        // Packed once per sequence: cuBLAS's heuristics pick a slow kernel for the
-        // transposed view at small batches (55 µs per step at b8/h128 on the H200, in
-        // session 12's ncu); the packed operand is a plain GEMM.
-        let wh_t = (!transposed)
+        // Each step's hidden gradient `dz_t @ W_h^T`, with `W_h^T` packed once per
+        // sequence; at small batches as `(W_h @ dz_t^T)^T` instead (the same values).
+        let wh_t = (!hidden_gradient_transposed(batch))
             .then(|| tensor::<Self, 2>(into_contiguous(primitive(wh.clone().transpose()))));
         let (count, dim) = cells(batch, hidden);
         let mut dh_rec: Option<CubeTensor<R>> = None;
