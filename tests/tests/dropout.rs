@@ -3,6 +3,7 @@
 //! draws the same ones again.
 
 use burn::backend::Flex;
+use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_graph_capture::optim::CapturableSgdConfig;
@@ -10,7 +11,8 @@ use burn_graph_capture::{
     BreakerKind, FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
 };
 use lstm_example::model::{DropoutLstmRegressor, DropoutLstmRegressorConfig, Forecaster};
-use lstm_example::{Batch, SineTask};
+use lstm_example::train::{load_bytes, to_bytes};
+use lstm_example::{Batch, SineTask, TokenBatch, TokenTask};
 
 type B = TrainBackend<Flex>;
 type Model = DropoutLstmRegressor<B>;
@@ -126,4 +128,79 @@ fn reseeding_between_steps_starts_the_stream_over() {
     B::seed(&Default::default(), 9);
     assert_eq!(step(), a);
     assert_eq!(step(), b);
+}
+
+/// A token model with dropout after its embedding, as a new user would write one.
+#[derive(Module, Debug)]
+struct TokenNet<B: Backend> {
+    embedding: burn::nn::Embedding<B>,
+    dropout: burn::nn::Dropout,
+    head: burn::nn::Linear<B>,
+}
+
+impl<B: Backend> TokenNet<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            embedding: burn::nn::EmbeddingConfig::new(12, 8).init(device),
+            dropout: burn::nn::DropoutConfig::new(0.3).init(),
+            head: burn::nn::LinearConfig::new(8, 12).init(device),
+        }
+    }
+
+    fn loss(&self, batch: &TokenBatch<B>) -> Tensor<B, 1> {
+        let hidden = self
+            .dropout
+            .forward(self.embedding.forward(batch.tokens.clone()));
+        let logits = self.head.forward(hidden);
+        let [b, t, v] = logits.dims();
+        burn::nn::loss::CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(
+                logits.reshape([b * t, v]),
+                batch.targets.clone().reshape([b * t]),
+            )
+    }
+}
+
+/// Losses of 8 steps with evaluation (on the inner backend), a clone and a checkpoint
+/// reload (`put_model`) between steps, and the modes of the steps.
+fn token_run(capture: bool) -> (Vec<u32>, Vec<StepMode>) {
+    let device = Default::default();
+    B::seed(&device, 3);
+    let model = TokenNet::<B>::new(&device);
+    let adam = burn_graph_capture::optim::CapturableAdamConfig::new()
+        .with_learning_rate(1e-2)
+        .init::<B>(&device);
+    let loss = |m: &TokenNet<B>, b: &TokenBatch<B>| m.loss(b);
+    let config = GraphTrainerConfig::new().with_capture(capture);
+    let mut trainer = GraphTrainer::new(model, adam, loss, config);
+    let mut task = TokenTask::new(1, 12);
+    let (mut losses, mut modes) = (Vec::new(), Vec::new());
+    for step in 0..8 {
+        let outcome = trainer.step(task.next_batch(4, 6, &device)).expect("step");
+        losses.push(outcome.output.into_scalar().to_bits());
+        modes.push(outcome.mode);
+        let model = trainer.model().expect("model").clone();
+        // Evaluation: no dropout on the inner backend, and nothing drawn.
+        let _eval = model.valid().loss(&task.next_batch(2, 6, &device));
+        if step == 4 {
+            let bytes = to_bytes(model.clone());
+            trainer.put_model(load_bytes(model, bytes, &device));
+        }
+    }
+    (losses, modes)
+}
+
+#[test]
+fn a_token_model_with_dropout_trains_as_with_capture_off_through_reloads_and_evaluation() {
+    let _serial = serial();
+    let (graphed, modes) = token_run(true);
+    let (eager, _) = token_run(false);
+    assert_eq!(graphed, eager);
+    for mode in &modes {
+        assert!(
+            !matches!(mode, StepMode::Eager(FallbackReason::CaptureBreaker(_))),
+            "{modes:?}"
+        );
+    }
 }
