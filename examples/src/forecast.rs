@@ -6,10 +6,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
+use burn::nn::DropoutConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
+use burn_graph_capture::nn::LstmBackend;
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{
     GraphBackend, GraphCapture, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
@@ -18,7 +20,7 @@ use burn_graph_capture::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::model::Forecaster;
+use crate::model::{DropoutLstmRegressor, Forecaster};
 use crate::sunspots::{Evaluation, Sunspots, shuffler};
 use crate::train::{from_bytes, to_bytes};
 use crate::{Batch, LstmRegressor, LstmRegressorConfig};
@@ -62,6 +64,11 @@ pub struct Options {
     /// the same weights.
     #[arg(long)]
     pub fused: bool,
+    /// Train two `FusedLstm` layers with this dropout probability between them (the
+    /// first layer and the head from the same weights; masks drawn on the device, so the
+    /// steps still graph). Stock Burn (`--stock`) still trains one `nn::Lstm` layer.
+    #[arg(long, conflicts_with = "fused")]
+    pub dropout: Option<f64>,
 }
 
 impl Options {
@@ -118,6 +125,28 @@ pub fn initial_model<B: Backend>(options: &Options, device: &B::Device) -> LstmR
     from_bytes::<B>(&options.model_config(), options.initial_weights(), device)
 }
 
+/// `--dropout p`'s model: `initial`'s layer (as `FusedLstm`) and head, dropout `p`, and a
+/// second layer drawn from the options' seed.
+pub fn with_dropout<B: LstmBackend>(
+    options: &Options,
+    initial: LstmRegressor<B>,
+    p: f64,
+    device: &B::Device,
+) -> anyhow::Result<DropoutLstmRegressor<B>> {
+    use burn::backend::Flex;
+    let first = initial.to_fused()?;
+    let config = LstmRegressorConfig::new(options.hidden).with_d_input(options.hidden);
+    Flex::seed(&Default::default(), options.seed.wrapping_add(1));
+    let second = to_bytes(config.init::<Flex>(&Default::default()));
+    let second = from_bytes::<B>(&config, second, device).to_fused()?;
+    Ok(DropoutLstmRegressor {
+        first: first.lstm,
+        dropout: DropoutConfig::new(p).init(),
+        second: second.lstm,
+        head: first.head,
+    })
+}
+
 /// Trains `model` with `GraphTrainer` on `G` (graphed unless `capture` is false).
 pub fn train<G, M>(
     options: &Options,
@@ -139,6 +168,9 @@ where
     let loss =
         |model: &M, batch: &Batch<TrainBackend<G>>| model.mse(batch.x.clone(), batch.y.clone());
     let config = GraphTrainerConfig::new().with_capture(capture);
+    // Every run's trainer takes the same generator stream (dropout masks): the first after
+    // this seeding.
+    TrainBackend::<G>::seed(device, options.seed);
     let mut trainer = GraphTrainer::new(model, optimizer, loss, config);
 
     let (losses, seconds, timed) = epochs(options, series, label, device, |batch| {

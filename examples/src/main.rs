@@ -6,7 +6,8 @@
 //! this crate's runtime with Burn's fusion on top (`CudaFused`): warmup, one captured
 //! step, then replays. `--compare` also trains eagerly through this crate, `--stock`
 //! with stock Burn and Burn's Adam; the plot overlays every curve. `--fused` trains the
-//! same weights with `FusedLstm` in place of `nn::Lstm`.
+//! same weights with `FusedLstm` in place of `nn::Lstm`; `--dropout P` trains two
+//! `FusedLstm` layers with dropout P between them, and still graphs.
 //!
 //! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
@@ -29,10 +30,10 @@ fn main() -> anyhow::Result<()> {
         series.raw.len(),
         series.split,
         series.raw.len() - series.split,
-        if options.fused {
-            "FusedLstm"
-        } else {
-            "nn::Lstm"
+        match (options.dropout, options.fused) {
+            (Some(_), _) => "two FusedLstm layers with dropout between them,",
+            (None, true) => "FusedLstm",
+            (None, false) => "nn::Lstm",
         },
         options.hidden,
         options.seq_len,
@@ -41,10 +42,14 @@ fn main() -> anyhow::Result<()> {
         std::any::type_name::<Inner>(),
     );
     let initial = forecast::initial_model::<TrainBackend<Inner>>(&options, &device);
-    if options.fused {
-        run(&options, &series, initial.to_fused()?)
-    } else {
-        run(&options, &series, initial)
+    match options.dropout {
+        Some(p) => run(
+            &options,
+            &series,
+            forecast::with_dropout(&options, initial, p, &device)?,
+        ),
+        None if options.fused => run(&options, &series, initial.to_fused()?),
+        None => run(&options, &series, initial),
     }
 }
 
