@@ -4,8 +4,8 @@
 //! one GEMM over the whole sequence.
 //!
 //! States, gates and gate gradients are allocated contiguous and time-major, so each
-//! step's GEMM operand is a view of one block (no copy where the block's offset meets
-//! the allocator's alignment, as it does at the usual sizes).
+//! step's GEMM operand is a packed slice of one block, which cuBLAS reads in place
+//! (states are sliced as rows: `state_rows`).
 
 mod fusion;
 mod kernels;
