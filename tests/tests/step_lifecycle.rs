@@ -161,11 +161,23 @@ fn each_capture_breaker_makes_the_trainer_eager_with_its_reason() {
     });
     assert_eq!(breaker_kind(host_read), BreakerKind::HostRead);
 
+    // Int draws come from Burn's host-seeded generator.
     let rng = first_reason(|model, batch| {
+        let noise = Tensor::<B, 3, Int>::random(
+            batch.x.dims(),
+            burn::tensor::Distribution::Uniform(0.0, 2.0),
+            &batch.x.device(),
+        );
+        model.loss(batch.x.clone() + noise.float() * 0.01, batch.y.clone())
+    });
+    assert_eq!(breaker_kind(rng), BreakerKind::Rng);
+
+    // Float draws come from the trainer's device generator: no breaker.
+    let served = first_reason(|model, batch| {
         let noise = Tensor::random_like(&batch.x, burn::tensor::Distribution::Default);
         model.loss(batch.x.clone() + noise * 0.01, batch.y.clone())
     });
-    assert_eq!(breaker_kind(rng), BreakerKind::Rng);
+    assert_eq!(served, FallbackReason::Warmup);
 
     // A move to the device the tensor is on is a no-op, not a breaker.
     let same_device = first_reason(|model, batch| {
