@@ -188,6 +188,12 @@ fn the_report_round_trips_through_json() {
     assert_eq!(back.trainer, Some(trainer.id()));
     assert!(json.contains("\"NoHardwareGraphs\": 1"), "{json}");
 
+    // A report written before `graphed_random_ops` existed still reads.
+    let mut older: serde_json::Value = serde_json::from_str(&json).unwrap();
+    older.as_object_mut().unwrap().remove("graphed_random_ops");
+    let older: TrainerReport = serde_json::from_value(older).unwrap();
+    assert_eq!(older, report);
+
     // Timings whose shortest decimal form does not parse back to the same bits
     // without exact float parsing (CI once measured check_ms = 0.028170999999999998).
     let mut awkward = report;

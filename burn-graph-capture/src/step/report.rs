@@ -52,7 +52,9 @@ pub struct TrainerReport {
     pub snapshot_ms: f64,
     /// The random ops drawn inside graphs, from the trainer's device generator (op,
     /// distribution and shape; sorted). Random ops it does not serve break captures and
-    /// appear as `Rng` breakers among the fallbacks.
+    /// appear as `Rng` breakers among the fallbacks. (Absent from reports written before
+    /// the generator existed: read as empty.)
+    #[serde(default)]
     pub graphed_random_ops: Vec<String>,
 }
 
