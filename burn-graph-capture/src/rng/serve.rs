@@ -38,8 +38,10 @@ pub(crate) fn float_random<B: GraphBackend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> FloatTensor<B> {
-    if serves::<B>(&shape, device, dtype)
-        && let Some(state) = scope::state::<IntTensor<B>>()
+    if !serves::<B>(&shape, device, dtype) {
+        return B::float_random(shape, distribution, device, dtype);
+    }
+    if let Some(state) = scope::state::<IntTensor<B>>()
         && let Some(draw) = scope::next_draw(|| format!("float_random {distribution:?} {shape:?}"))
     {
         if session::is_recording() {
@@ -51,6 +53,11 @@ pub(crate) fn float_random<B: GraphBackend>(
             });
         }
         return B::random(&state, draw, shape, distribution, dtype);
+    }
+    // Announced as served (no breaker) but out of draw indices (2^32 in one step): the
+    // host-seeded draw must still break the capture.
+    if session::is_recording() {
+        session::record_op("float_random", Some(BreakerKind::Rng), |_| {});
     }
     B::float_random(shape, distribution, device, dtype)
 }
