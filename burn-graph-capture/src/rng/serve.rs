@@ -11,15 +11,17 @@ use super::scope;
 use crate::backend::GraphBackend;
 use crate::backend::session::{self, BreakerKind};
 
-/// Whether a draw of `shape` and `dtype` on `device` comes from the open scope's
-/// generator (else it is a capture breaker).
-pub(crate) fn serves<B: GraphBackend>(
+/// The open scope's generator state, if it serves a draw of `shape` and `dtype` on
+/// `device` (else the draw is a capture breaker).
+fn serving_state<B: GraphBackend>(
     shape: &Shape,
     device: &B::Device,
     dtype: FloatDType,
-) -> bool {
-    B::draws_random(shape, dtype)
-        && scope::state::<IntTensor<B>>().is_some_and(|state| B::int_device(&state) == *device)
+) -> Option<IntTensor<B>> {
+    if !B::draws_random(shape, dtype) {
+        return None;
+    }
+    scope::state::<IntTensor<B>>().filter(|state| B::int_device(state) == *device)
 }
 
 /// The capture breaker of a draw: none when the generator serves it.
@@ -28,7 +30,9 @@ pub(crate) fn breaker<B: GraphBackend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Option<BreakerKind> {
-    (!serves::<B>(shape, device, dtype)).then_some(BreakerKind::Rng)
+    serving_state::<B>(shape, device, dtype)
+        .is_none()
+        .then_some(BreakerKind::Rng)
 }
 
 /// `float_random` of the decorator over `B`.
@@ -38,12 +42,10 @@ pub(crate) fn float_random<B: GraphBackend>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> FloatTensor<B> {
-    if !serves::<B>(&shape, device, dtype) {
+    let Some(state) = serving_state::<B>(&shape, device, dtype) else {
         return B::float_random(shape, distribution, device, dtype);
-    }
-    if let Some(state) = scope::state::<IntTensor<B>>()
-        && let Some(draw) = scope::next_draw(|| format!("float_random {distribution:?} {shape:?}"))
-    {
+    };
+    if let Some(draw) = scope::next_draw(|| format!("float_random {distribution:?} {shape:?}")) {
         if session::is_recording() {
             // The draw reads the generator's state (the guard accounts for it) at a
             // step-constant index (the signature holds it fixed).

@@ -64,20 +64,16 @@ impl<G: GraphBackend> TrainerRandom<G> {
     /// Advances the state past the latest step's draws, on the device (inside a window,
     /// recorded). On failure the state is as before.
     pub(crate) fn advance(&mut self) -> Result<(), GraphError> {
-        if self.last.count == 0 {
-            return Ok(());
+        match self.advanced() {
+            Some(next) => self.write(next),
+            None => Ok(()),
         }
-        let next = G::advance_random(self.state.clone(), self.last.count);
-        self.write(next)
     }
 
-    /// [`advance`](Self::advance) for an eager step, which must not fail: a state that
-    /// cannot be written into its pin goes on unpinned (its steps then stay eager).
+    /// [`advance`](Self::advance) for an eager step, which must not fail.
     pub(crate) fn advance_eager(&mut self) {
-        if let Err(error) = self.advance() {
-            tracing::warn!(%error, "the generator state could not be written into its pin; it goes on unpinned");
-            self.state = G::advance_random(self.state.clone(), self.last.count);
-            self.pinned = false;
+        if let Some(next) = self.advanced() {
+            self.write_or_unpin(next);
         }
     }
 
@@ -89,11 +85,7 @@ impl<G: GraphBackend> TrainerRandom<G> {
         }
         let stream = seed::take(self.device.id());
         self.epoch = stream.epoch;
-        let fresh = upload::<G>(stream.key, &self.device);
-        if self.write(fresh.clone()).is_err() {
-            self.state = fresh;
-            self.pinned = false;
-        }
+        self.write_or_unpin(upload::<G>(stream.key, &self.device));
     }
 
     /// The state's allocation where the trainer accounts for its reads (I7): pinned, or
@@ -106,6 +98,22 @@ impl<G: GraphBackend> TrainerRandom<G> {
     /// The random ops the latest step that ran the closure drew from this generator.
     pub(crate) fn served(&self) -> &[String] {
         &self.last.served
+    }
+
+    /// The state after the latest step's draws, if it drew.
+    fn advanced(&self) -> Option<IntTensor<G>> {
+        (self.last.count > 0).then(|| G::advance_random(self.state.clone(), self.last.count))
+    }
+
+    /// [`write`](Self::write), outside any window: a state that cannot be written into
+    /// its pin goes on unpinned (steps that draw then stay eager: its reads are not
+    /// accounted for).
+    fn write_or_unpin(&mut self, next: IntTensor<G>) {
+        if let Err(error) = self.write(next.clone()) {
+            tracing::warn!(%error, "the generator state could not be written into its pin; it goes on unpinned");
+            self.state = next;
+            self.pinned = false;
+        }
     }
 
     fn write(&mut self, next: IntTensor<G>) -> Result<(), GraphError> {
