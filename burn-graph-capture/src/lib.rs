@@ -15,6 +15,7 @@
 extern crate self as burn_graph_capture;
 
 pub mod backend;
+pub mod dist;
 pub mod nn;
 pub mod optim;
 pub mod rng;
@@ -31,6 +32,7 @@ pub use backend::{
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
+pub use dist::{DataParallel, DataParallelConfig, DistError, RankMember};
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepError, StepInput, StepMode,
     StepOutcome, StepOutput, TrainerReport,

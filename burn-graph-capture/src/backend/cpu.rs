@@ -8,7 +8,41 @@ mod flex {
     use burn_flex::Flex;
 
     use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
+    use crate::dist::{DistError, RankMember, host};
     use crate::rng::{draw, state::Words};
+
+    /// Flex computes on the calling thread: its reads are ready at once.
+    fn ready<F: std::future::Future>(future: F) -> F::Output {
+        use std::task::{Context, Poll, Waker};
+        let mut future = std::pin::pin!(future);
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(output) => output,
+            Poll::Pending => unreachable!("a Flex read is ready when it is made"),
+        }
+    }
+
+    /// The tensors' values on the host, and back as Flex tensors on their device.
+    fn on_host(
+        tensors: Vec<FloatTensor<Flex>>,
+        f: impl FnOnce(Vec<TensorData>) -> Result<Vec<TensorData>, DistError>,
+    ) -> Result<Vec<FloatTensor<Flex>>, DistError> {
+        let device = tensors.first().map(Flex::float_device).unwrap_or_default();
+        let data = tensors
+            .into_iter()
+            .map(|t| {
+                ready(Flex::float_into_data(t)).map_err(|err| {
+                    DistError::Collective(format!("reading a tensor for a collective: {err:?}"))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(f(data)?
+            .into_iter()
+            .map(|data| Flex::float_from_data(data, &device))
+            .collect())
+    }
 
     /// The generator state's words, read on the host (Flex has no graphs to break).
     fn words(state: &IntTensor<Flex>) -> Words {
@@ -67,6 +101,26 @@ mod flex {
             let values = draw::values(key, offset, distribution, shape.num_elements());
             let data = TensorData::new(values, shape).convert_dtype(dtype.into());
             Self::float_from_data(data, &Self::int_device(state))
+        }
+
+        /// Flex's collectives run on the host, through the group's rendezvous.
+        fn join_group(_device: &Self::Device, _member: &RankMember) -> Result<(), DistError> {
+            Ok(())
+        }
+
+        fn all_reduce_mean(
+            tensors: Vec<FloatTensor<Self>>,
+            member: &RankMember,
+        ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+            on_host(tensors, |data| host::all_reduce_mean(member, data))
+        }
+
+        fn broadcast(
+            tensors: Vec<FloatTensor<Self>>,
+            root: usize,
+            member: &RankMember,
+        ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+            on_host(tensors, |data| host::broadcast(member, data, root))
         }
 
         fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
+use crate::dist::{DistError, RankMember};
 use crate::nn::LstmKernels;
 
 /// Identity of a tensor's storage, stable while that storage lives.
@@ -211,6 +212,37 @@ pub trait GraphBackend:
     fn advance_random(state: IntTensor<Self>, _draws: u32) -> IntTensor<Self> {
         state
     }
+
+    /// Makes what `member`'s group needs for collectives on `device` (an NCCL
+    /// communicator on GPUs). Called once per rank, outside any window; returns once
+    /// every rank has joined. The default: this backend has no collectives.
+    fn join_group(_device: &Self::Device, _member: &RankMember) -> Result<(), DistError> {
+        Err(no_collectives())
+    }
+
+    /// Each of `tensors` averaged elementwise over the ranks of `member`'s group, as new
+    /// tensors holding the same bits on every rank. Every rank calls it with tensors of
+    /// the same shapes, in the same order. Inside a capture window it is recorded like a
+    /// kernel. An error means the group can no longer be trusted: the caller fails it.
+    fn all_reduce_mean(
+        _tensors: Vec<FloatTensor<Self>>,
+        _member: &RankMember,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        Err(no_collectives())
+    }
+
+    /// `root`'s `tensors` on every rank of `member`'s group, as new tensors.
+    fn broadcast(
+        _tensors: Vec<FloatTensor<Self>>,
+        _root: usize,
+        _member: &RankMember,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        Err(no_collectives())
+    }
+}
+
+fn no_collectives() -> DistError {
+    DistError::Collective("this backend has no collectives".into())
 }
 
 /// A graph that cannot exist: the type of graphs on backends without them.
@@ -288,5 +320,47 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
         B::advance_random(state, draws)
+    }
+
+    fn join_group(device: &Self::Device, member: &RankMember) -> Result<(), DistError> {
+        B::join_group(device, member)
+    }
+
+    /// `B`'s, recorded as one op of the session: the step's graph holds it.
+    fn all_reduce_mean(
+        tensors: Vec<FloatTensor<Self>>,
+        member: &RankMember,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        let reduced = B::all_reduce_mean(tensors.clone(), member)?;
+        record_collective("all_reduce_mean", &tensors, &reduced, member, 0);
+        Ok(reduced)
+    }
+
+    fn broadcast(
+        tensors: Vec<FloatTensor<Self>>,
+        root: usize,
+        member: &RankMember,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        let received = B::broadcast(tensors.clone(), root, member)?;
+        record_collective("broadcast", &tensors, &received, member, root);
+        Ok(received)
+    }
+}
+
+/// Records a collective into the open sessions: it reads `inputs` and makes `outputs`;
+/// its group and root are attributes (a step on another group is another step).
+fn record_collective<T: burn_backend::TensorMetadata + Allocated>(
+    op: &'static str,
+    inputs: &[T],
+    outputs: &[T],
+    member: &RankMember,
+    root: usize,
+) {
+    if super::session::is_recording() {
+        super::session::record_op(op, None, |rec| {
+            inputs.iter().for_each(|t| rec.tensor(t));
+            outputs.iter().for_each(|t| rec.output(t));
+            rec.attr(&(member.group_id(), member.world(), root));
+        });
     }
 }

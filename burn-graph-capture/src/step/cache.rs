@@ -218,6 +218,15 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
+    /// Drops the graph of `key`, if it has one: its next step captures again.
+    pub(crate) fn drop_graph(&mut self, key: &InputKey) {
+        if let Some(phase) = self.entries.get_mut(key)
+            && let Phase::Captured(graph) | Phase::Suspect(graph) = phase
+        {
+            *phase = Phase::Ready(graph.observation().clone());
+        }
+    }
+
     /// Drops every graph; their shapes get captured again at their next step.
     pub(crate) fn drop_graphs(&mut self) {
         for phase in self.entries.values_mut() {
@@ -440,6 +449,20 @@ mod tests {
             cache.plan(&key(8), true),
             Plan::Eager(FallbackReason::RecaptureLimit)
         );
+    }
+
+    #[test]
+    fn one_dropped_graph_is_captured_again_and_the_others_stay() {
+        let mut cache = GraphCache::new(4, 1);
+        for batch in [8, 4] {
+            warm(&mut cache, &key(batch), 1);
+            capture(&mut cache, &key(batch), "a");
+        }
+        cache.drop_graph(&key(8));
+        cache.drop_graph(&key(2));
+        assert_eq!(cache.graphs_alive(), 1);
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
+        assert_eq!(cache.plan(&key(4), true), Plan::Replay);
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! Errors for bad input to a step. The trainer stays usable after each of them.
+//! Errors for bad input to a step. The trainer stays usable after each of them, except
+//! [`StepError::DataParallel`]: a failed group ends data-parallel training.
 
 use thiserror::Error;
+
+use crate::dist::DistError;
 
 /// A step that was refused before it changed anything.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -42,4 +45,19 @@ pub enum StepError {
     /// The model was taken out with `take_model` and not put back.
     #[error("the model was taken out of the trainer; put it back with `put_model`")]
     ModelTakenOut,
+    /// Data-parallel training: another rank refused this step (bad input there), so no
+    /// rank ran it. Every rank stays usable.
+    #[error("rank {rank} refused this step: {detail}")]
+    PeerRefused {
+        /// The lowest refusing rank.
+        rank: usize,
+        /// Its error.
+        detail: String,
+    },
+    /// Data-parallel training failed: a rank was lost, left, stayed away past the
+    /// timeout, or failed inside a step; or the group was aborted. Every later step
+    /// returns this too. The model's last step may hold a partial average (a collective
+    /// cut short): resume from a checkpoint, with a new group.
+    #[error("data-parallel training failed: {0}")]
+    DataParallel(DistError),
 }

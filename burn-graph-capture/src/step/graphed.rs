@@ -28,9 +28,11 @@ use super::mode::FallbackReason;
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::pinning::{Pinned, copy_float};
 use super::random::TrainerRandom;
+use super::ranks::{CaptureOutcome, Rank};
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
 };
+use crate::dist::RankMember;
 use crate::optim::CapturableOptimizer;
 
 /// A graph with the static buffers it reads and writes; `T` is the step's output item.
@@ -214,7 +216,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         )
     }
 
-    /// Records the step for `key` into a graph and launches it once.
+    /// Records the step for `key` into a graph and launches it once. A data-parallel
+    /// rank launches only if every rank's capture succeeded (`ranks`); otherwise it
+    /// keeps its graph for the next step, unlaunched, and runs this one eagerly.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn capture<M, O, I, F, R>(
         &mut self,
@@ -225,7 +229,55 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         batch: &I,
         inputs: &[AnyTensor<G>],
         device: &G::Device,
+        rank: Option<&Rank>,
     ) -> Result<T, Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+        I: StepInput<TrainBackend<G>>,
+        F: FnMut(&M, &I) -> R,
+        R: StepOutput<TrainBackend<G>, Item = T>,
+    {
+        let started = Instant::now();
+        let recorded = self.record(learner, step_fn, random, key, batch, inputs, device, rank);
+        let recorded = match rank {
+            Some(rank) => self.agree_launch(learner, key, recorded, rank)?,
+            None => recorded,
+        };
+        let step = recorded.inspect_err(|_| {
+            // Nothing recorded ran: the pinned buffers hold the pre-step values.
+            if let Some(pins) = &self.pins {
+                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+            }
+        })?;
+        if let Err(error) = G::replay(&step.graph) {
+            let reason = FallbackReason::Graph(error);
+            return Err(match rank {
+                // The peers launched theirs: their collectives wait for this rank's.
+                Some(rank) => Fallback::Step(rank.fail(reason)),
+                None => Fallback::Trainer(reason),
+            });
+        }
+        self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
+        let owned = owned_copy(&step.outputs);
+        self.cache.captured(key, step);
+        Ok(owned)
+    }
+
+    /// Pins (once), pins a copy of the batch, and records the step into a graph, which
+    /// must do what warmup verified. Nothing recorded runs.
+    #[allow(clippy::too_many_arguments)]
+    fn record<M, O, I, F, R>(
+        &mut self,
+        learner: &mut Learner<M, O>,
+        step_fn: &mut F,
+        random: &mut TrainerRandom<G>,
+        key: &InputKey,
+        batch: &I,
+        inputs: &[AnyTensor<G>],
+        device: &G::Device,
+        rank: Option<&Rank>,
+    ) -> Result<CapturedStep<G, T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -245,15 +297,23 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
                 .chain([random.accounted()]),
         );
 
-        let started = Instant::now();
         // The model as it was, in case the recorded step panics inside `Learner::update`
         // (which takes the model): the pins still hold its values, since nothing ran.
         let before = learner.model().clone();
         let session = CaptureSession::begin();
         let caller = StreamId::current();
+        let member = rank.map(Rank::member);
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
             G::capture(device, || {
-                record_step(learner, step_fn, random, &static_batch, pins, caller)
+                record_step(
+                    learner,
+                    step_fn,
+                    random,
+                    &static_batch,
+                    pins,
+                    caller,
+                    member,
+                )
             })
         }));
         let recording = session.finish();
@@ -261,7 +321,6 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             Ok(captured) => captured,
             Err(panic) => {
                 learner.restore_if_lost(before);
-                learner.update(|model, optimizer| pins.reseat(model, optimizer));
                 let error = GraphError::CapturePanicked(panic_message(panic.as_ref()));
                 tracing::warn!(%error, "capture fell back");
                 return Err(shape_error(error));
@@ -273,44 +332,68 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
         };
-        let refusal = match (recorded, graph) {
-            (Err(refusal), _) => Err(refusal),
-            (Ok(_), Err(error)) => Err(shape_error(error)),
-            (Ok(outputs), Ok(graph)) => match observation.verdict(self.cache.warmed_up(key)) {
-                Some(reason) => Err(Fallback::Shape(reason)),
-                None => Ok((outputs, graph)),
-            },
+        let (outputs, graph) = match (recorded, graph) {
+            (Err(refusal), _) => return Err(refusal),
+            (Ok(_), Err(error)) => return Err(shape_error(error)),
+            (Ok(outputs), Ok(graph)) => (outputs, graph),
         };
-        let (outputs, graph) = match refusal {
-            Ok(done) => done,
-            Err(refusal) => {
-                // Nothing recorded ran: the pinned buffers hold the pre-step values.
-                learner.update(|model, optimizer| pins.reseat(model, optimizer));
-                return Err(refusal);
-            }
-        };
-        G::replay(&graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
-        self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
-        let owned = owned_copy(&outputs);
-        self.cache.captured(
-            key,
-            CapturedStep {
-                graph,
-                inputs: static_inputs,
-                outputs,
-                observation,
-            },
-        );
-        Ok(owned)
+        if let Some(reason) = observation.verdict(self.cache.warmed_up(key)) {
+            return Err(Fallback::Shape(reason));
+        }
+        Ok(CapturedStep {
+            graph,
+            inputs: static_inputs,
+            outputs,
+            observation,
+        })
     }
 
-    /// Replays the graph of `key` on `inputs`.
-    pub(crate) fn replay<M, O>(
+    /// The launch agreement of a data-parallel capture: every rank says how its
+    /// recording came out. When a peer's did not succeed, this rank's graph is kept
+    /// unlaunched (the next step replays it, if every rank can) and this step runs
+    /// eagerly like the peer's.
+    fn agree_launch<M, O>(
+        &mut self,
+        learner: &mut Learner<M, O>,
+        key: &InputKey,
+        recorded: Result<CapturedStep<G, T>, Fallback>,
+        rank: &Rank,
+    ) -> Result<Result<CapturedStep<G, T>, Fallback>, Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let own = match &recorded {
+            Ok(_) => CaptureOutcome::Ready,
+            Err(Fallback::Step(error)) => CaptureOutcome::Failed(error.to_string()),
+            Err(Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason)) => {
+                CaptureOutcome::Fallback(reason.clone())
+            }
+        };
+        let verdict = rank.agree_launch(&own).map_err(|error| {
+            if let Some(pins) = &self.pins {
+                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+            }
+            Fallback::Step(error)
+        })?;
+        Ok(match (verdict, recorded) {
+            (None, recorded) => recorded,
+            (Some(reason), Ok(step)) => {
+                self.cache.captured(key, step);
+                Err(Fallback::Once(reason))
+            }
+            (Some(_), Err(own)) => Err(own),
+        })
+    }
+
+    /// Checks the pins and copies `inputs` into the static inputs of `key`'s graph: what
+    /// a replay does before its launch.
+    pub(crate) fn prepare_replay<M, O>(
         &mut self,
         learner: &mut Learner<M, O>,
         key: &InputKey,
         inputs: &[AnyTensor<G>],
-    ) -> Result<T, Fallback>
+    ) -> Result<(), Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -325,8 +408,21 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             // would launch other kernels; the graph stays for batches laid out as recorded.
             G::copy_into(input, tensor).map_err(|error| once_if_layout(error, fatal))?;
         }
-        G::replay(&step.graph).map_err(fatal)?;
+        Ok(())
+    }
+
+    /// Launches the graph of `key`, prepared by [`prepare_replay`](Self::prepare_replay).
+    pub(crate) fn launch_replay(&mut self, key: &InputKey) -> Result<T, Fallback> {
+        let Some(step) = self.cache.graph(key) else {
+            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
+        };
+        G::replay(&step.graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
         Ok(owned_copy(&step.outputs))
+    }
+
+    /// Drops the graph of `key`, if any: its next step captures again.
+    pub(crate) fn drop_graph(&mut self, key: &InputKey) {
+        self.cache.drop_graph(key);
     }
 
     /// Writes an eager step's results into the pinned buffers, if there are any. On
@@ -469,6 +565,7 @@ fn record_step<G, M, O, I, F, R>(
     batch: &I,
     pins: &Pinned<G>,
     caller: StreamId,
+    member: Option<&RankMember>,
 ) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,
@@ -478,7 +575,7 @@ where
     R: StepOutput<TrainBackend<G>>,
 {
     let item = random
-        .draw_in(|| learner.train(step_fn, batch))
+        .draw_in(|| learner.train(step_fn, batch, member))
         .map_err(Fallback::Step)?;
     random
         .advance()

@@ -15,6 +15,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::error::StepError;
 use super::output::StepOutput;
+use crate::backend::GraphBackend;
+use crate::dist::RankMember;
+use crate::dist::sync::average_gradients;
 use crate::optim::CapturableOptimizer;
 
 /// Why the model can be missing: an optimizer step that panicked took it.
@@ -77,21 +80,26 @@ impl<M, O> Learner<M, O> {
 
 impl<M, O> Learner<M, O> {
     /// One training step: the user's closure on the model, its gradients (backward of
-    /// a loss, or those a `TrainStep` computed), the optimizer's update, [`settle`].
+    /// a loss, or those a `TrainStep` computed), averaged over the ranks of `member`'s
+    /// group in data-parallel training, the optimizer's update, [`settle`].
     /// Returns the closure's item, still attached.
     pub(crate) fn train<B, F, I, R>(
         &mut self,
         step_fn: &mut F,
         batch: &I,
+        member: Option<&RankMember>,
     ) -> Result<R::Item, StepError>
     where
-        B: AutodiffBackend,
+        B: AutodiffBackend<InnerBackend: GraphBackend>,
         M: AutodiffModule<B>,
         O: CapturableOptimizer<M, B>,
         F: FnMut(&M, &I) -> R,
         R: StepOutput<B>,
     {
-        let (grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
+        let (mut grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
+        if let Some(member) = member {
+            average_gradients(self.model(), &mut grads, member).map_err(StepError::DataParallel)?;
+        }
         self.update(|model, optimizer| settle(optimizer.step(model, grads)));
         Ok(item)
     }

@@ -17,6 +17,7 @@ mod mode;
 mod output;
 mod pinning;
 mod random;
+mod ranks;
 mod registry;
 mod report;
 mod trainer;

@@ -90,6 +90,21 @@ pub enum FallbackReason {
     RecaptureLimit,
     /// The backend refused to pin, capture or replay.
     Graph(GraphError),
+    /// Data-parallel training: another rank runs this step eagerly, for `reason`, so
+    /// every rank does (the ranks' collectives must all come from graphs, or all not).
+    RankFellBack {
+        /// The lowest rank that fell back.
+        rank: usize,
+        /// Its reason.
+        reason: Box<FallbackReason>,
+    },
+    /// Data-parallel training: `rank` captures this shape while others would replay
+    /// their graphs of it; every rank runs this step eagerly, the replaying ranks drop
+    /// their graphs, and the next step captures on every rank.
+    RankRecaptures {
+        /// A rank on the other side (capturing, or replaying).
+        rank: usize,
+    },
 }
 
 impl FallbackReason {
@@ -127,6 +142,8 @@ impl FallbackReason {
             FallbackReason::LayoutChanged { .. } => "LayoutChanged",
             FallbackReason::RecaptureLimit => "RecaptureLimit",
             FallbackReason::Graph(_) => "Graph",
+            FallbackReason::RankFellBack { .. } => "RankFellBack",
+            FallbackReason::RankRecaptures { .. } => "RankRecaptures",
         }
     }
 }
@@ -155,6 +172,13 @@ impl fmt::Display for FallbackReason {
                  the graph's with {pinned:?}"
             ),
             FallbackReason::Graph(error) => write!(f, "graph error: {error}"),
+            FallbackReason::RankFellBack { rank, reason } => {
+                write!(f, "rank {rank} runs this step eagerly ({reason})")
+            }
+            FallbackReason::RankRecaptures { rank } => write!(
+                f,
+                "ranks disagree on this shape's graph (rank {rank}): all capture it again"
+            ),
             other => f.write_str(other.kind()),
         }
     }

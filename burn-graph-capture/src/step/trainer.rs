@@ -19,10 +19,14 @@ use super::mode::{FallbackReason, StepMode};
 use super::output::{StepOutput, detached};
 use super::pinning::{buffer_id, buffers};
 use super::random::TrainerRandom;
+use super::ranks::Rank;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
+use crate::dist::agree::{Proposal, Verdict};
+use crate::dist::sync::broadcast_start;
+use crate::dist::{DistError, RankMember};
 use crate::optim::CapturableOptimizer;
 
 /// The result of one step; `T` is the step closure's item (its loss, for a closure that
@@ -89,6 +93,9 @@ where
     shared_with: Option<TrainerId>,
     report: TrainerReport,
     last_mode: Option<StepMode>,
+    /// Data-parallel training: this trainer's group membership. Last, so that it is
+    /// dropped after the graphs, whose collectives use the group's communicator.
+    rank: Option<Rank>,
     _input: PhantomData<fn(&I) -> R>,
 }
 
@@ -135,39 +142,83 @@ where
                 ..TrainerReport::default()
             },
             last_mode: None,
+            rank: None,
             _input: PhantomData,
         };
         trainer.register_buffers();
         trainer
     }
 
-    /// Runs one training step on `batch`.
-    pub fn step(&mut self, batch: I) -> Result<StepOutcome<R::Item>, StepError> {
-        if self.taken_out {
-            return Err(StepError::ModelTakenOut);
+    /// A trainer for one rank of data-parallel training ([`DataParallel`]): as
+    /// [`new`](Self::new) builds, and each step averages the gradients over the group's
+    /// ranks before the optimizer runs (inside the step's graph, on GPUs).
+    ///
+    /// Every rank calls this, each on its own thread and device, and each returns once
+    /// all have: their backends join the group (an NCCL communicator), the ranks check
+    /// that they train models of the same structure, and rank 0's parameters and
+    /// optimizer state are copied to every rank, so that all start equal. Then every
+    /// rank must run the same steps, on batches of the same shapes; see
+    /// [`DataParallel`] for how they agree and fail together.
+    ///
+    /// [`DataParallel`]: crate::DataParallel
+    pub fn data_parallel(
+        model: M,
+        optimizer: O,
+        step_fn: F,
+        config: GraphTrainerConfig,
+        member: RankMember,
+    ) -> Result<Self, StepError> {
+        let mut trainer = Self::new(model, optimizer, step_fn, config);
+        let rank = Rank::new(member);
+        let joined = G::join_group(&trainer.device, rank.member())
+            .map_err(|error| StepError::DataParallel(rank.member().fail(error)));
+        // Every rank reaches the structure check, so that a rank whose join failed
+        // does not leave the others waiting there.
+        let shapes = fit::param_shapes(trainer.learner.model());
+        let summary = format!("{shapes:?}; fits: {}", trainer.misfit.is_none());
+        let all = rank
+            .member()
+            .all_gather(summary.into_bytes())
+            .map_err(StepError::DataParallel)?;
+        joined?;
+        if let Some(other) = all.iter().position(|theirs| *theirs != all[0]) {
+            let error = DistError::Mismatch(format!(
+                "rank {other} trains parameters of other shapes than rank 0 (or an optimizer \
+                 state that does not fit its model)"
+            ));
+            return Err(StepError::DataParallel(rank.member().fail(error)));
         }
-        if let Some(misfit) = &self.misfit {
+        if let Some(misfit) = &trainer.misfit {
             return Err(misfit.clone());
         }
-        let checks = Instant::now();
-        let inputs: Vec<AnyTensor<G>> = batch
-            .tensors()
-            .into_iter()
-            .map(AnyTensor::into_inner)
-            .collect();
-        let key = check_batch::<G>(&inputs, &self.device, host_key(&batch))?;
-        self.random.follow_seed();
-        self.shared_with = registry::shared_with(self.id);
-        let plan = match self.shared_with {
-            Some(other) => {
-                // The other trainer may sit on this one's pinned buffers (a model cloned
-                // from this trainer's): writing back into them would change its values.
-                self.graphs.unpin();
-                Plan::Eager(FallbackReason::SharedWithTrainer(other))
+        let mut broadcast = Ok(());
+        trainer.learner.update(|model, optimizer| {
+            match broadcast_start(model.clone(), optimizer, rank.member()) {
+                Ok(start) => start,
+                Err(error) => {
+                    broadcast = Err(error);
+                    model
+                }
             }
-            None if !self.config.capture => Plan::Eager(FallbackReason::CaptureDisabled),
-            None => self.graphs.plan(&key, &self.device),
+        });
+        broadcast.map_err(|error| StepError::DataParallel(rank.member().fail(error)))?;
+        trainer.register_buffers();
+        trainer.rank = Some(rank);
+        Ok(trainer)
+    }
+
+    /// Runs one training step on `batch`.
+    pub fn step(&mut self, batch: I) -> Result<StepOutcome<R::Item>, StepError> {
+        if let Some(failure) = self.rank.as_ref().and_then(Rank::failure) {
+            return Err(failure);
+        }
+        let checks = Instant::now();
+        let planned = self.plan(&batch);
+        let planned = match self.rank.clone() {
+            Some(rank) => self.agree(&rank, planned),
+            None => planned,
         };
+        let (key, inputs, plan) = planned?;
         self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;
         let (output, mode) = match plan {
             Plan::Warmup => {
@@ -202,6 +253,80 @@ where
         self.lent.clear();
         self.finish_step(&mode);
         Ok(StepOutcome { output, mode })
+    }
+
+    /// Checks the batch and plans its step.
+    fn plan(&mut self, batch: &I) -> Result<(InputKey, Vec<AnyTensor<G>>, Plan), StepError> {
+        if self.taken_out {
+            return Err(StepError::ModelTakenOut);
+        }
+        if let Some(misfit) = &self.misfit {
+            return Err(misfit.clone());
+        }
+        let inputs: Vec<AnyTensor<G>> = batch
+            .tensors()
+            .into_iter()
+            .map(AnyTensor::into_inner)
+            .collect();
+        let key = check_batch::<G>(&inputs, &self.device, host_key(batch))?;
+        self.random.follow_seed();
+        self.shared_with = registry::shared_with(self.id);
+        let plan = match self.shared_with {
+            Some(other) => {
+                // The other trainer may sit on this one's pinned buffers (a model cloned
+                // from this trainer's): writing back into them would change its values.
+                self.graphs.unpin();
+                Plan::Eager(FallbackReason::SharedWithTrainer(other))
+            }
+            None if !self.config.capture => Plan::Eager(FallbackReason::CaptureDisabled),
+            None => self.graphs.plan(&key, &self.device),
+        };
+        Ok((key, inputs, plan))
+    }
+
+    /// Data-parallel training: the plan every rank can follow. A replay is prepared
+    /// first (pins checked, the batch copied in), so that a rank that cannot replay says
+    /// so before any rank launches. A refused step is refused on every rank.
+    fn agree(
+        &mut self,
+        rank: &Rank,
+        planned: Result<(InputKey, Vec<AnyTensor<G>>, Plan), StepError>,
+    ) -> Result<(InputKey, Vec<AnyTensor<G>>, Plan), StepError> {
+        let (key, inputs, mut plan) = match planned {
+            Ok(planned) => planned,
+            Err(error) => {
+                rank.agree(&Proposal::Refuse(error.to_string()))?;
+                return Err(error);
+            }
+        };
+        if plan == Plan::Replay
+            && let Err(fallback) = self.graphs.prepare_replay(&mut self.learner, &key, &inputs)
+        {
+            plan = match self.absorb(fallback, &key) {
+                Ok(reason) => Plan::Eager(reason),
+                Err(error) => {
+                    rank.agree(&Proposal::Refuse(error.to_string()))?;
+                    return Err(error);
+                }
+            };
+        }
+        let proposal = match &plan {
+            Plan::Replay => Proposal::Replay,
+            Plan::Capture => Proposal::Capture,
+            Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
+            Plan::Verify => Proposal::Eager(FallbackReason::ModelReplaced),
+            Plan::Eager(reason) => Proposal::Eager(reason.clone()),
+        };
+        match rank.agree(&proposal)? {
+            Verdict::Proceed => {}
+            Verdict::Eager(reason) => plan = Plan::Eager(reason),
+            Verdict::DropGraph(reason) => {
+                self.graphs.drop_graph(&key);
+                plan = Plan::Eager(reason);
+            }
+            Verdict::Refuse(error) => return Err(error),
+        }
+        Ok((key, inputs, plan))
     }
 
     /// Sets the learning rate of the following steps, without re-capturing: once the
@@ -352,6 +477,7 @@ where
                 batch,
                 inputs,
                 &self.device,
+                self.rank.as_ref(),
             );
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
@@ -360,25 +486,49 @@ where
             }
             captured.map(|output| (output, StepMode::Captured))
         } else {
-            self.graphs
-                .replay(&mut self.learner, key, inputs)
+            self.replay(key, inputs)
                 .map(|output| (output, StepMode::Replayed))
         };
         let reason = match attempt {
             Ok(done) => return Ok(done),
-            Err(Fallback::Step(error)) => return Err(error),
-            Err(Fallback::Shape(reason)) => {
-                self.graphs.disable(key, reason.clone());
-                reason
-            }
-            Err(Fallback::Trainer(reason)) => {
-                self.graphs.disable_all(reason.clone());
-                reason
-            }
-            Err(Fallback::Once(reason)) => reason,
+            Err(fallback) => self.absorb(fallback, key)?,
         };
         let (output, _) = self.eager_step(batch, false)?;
         Ok((output, StepMode::Eager(reason)))
+    }
+
+    /// A replay: prepared here, or (data-parallel) before the ranks agreed on it. A
+    /// data-parallel launch that fails fails the group: the peers launched theirs.
+    fn replay(&mut self, key: &InputKey, inputs: &[AnyTensor<G>]) -> Result<R::Item, Fallback> {
+        let Some(rank) = &self.rank else {
+            self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
+            return self.graphs.launch_replay(key);
+        };
+        self.graphs
+            .launch_replay(key)
+            .map_err(|fallback| match fallback {
+                Fallback::Step(error) => Fallback::Step(error),
+                Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason) => {
+                    Fallback::Step(rank.fail(reason))
+                }
+            })
+    }
+
+    /// What a failed graph step leaves for later steps (a shape or the whole trainer
+    /// eager), and the reason this step runs eagerly; a refused step's error.
+    fn absorb(&mut self, fallback: Fallback, key: &InputKey) -> Result<FallbackReason, StepError> {
+        Ok(match fallback {
+            Fallback::Step(error) => return Err(error),
+            Fallback::Shape(reason) => {
+                self.graphs.disable(key, reason.clone());
+                reason
+            }
+            Fallback::Trainer(reason) => {
+                self.graphs.disable_all(reason.clone());
+                reason
+            }
+            Fallback::Once(reason) => reason,
+        })
     }
 
     /// One eager optimizer step, optionally recorded; its results are written into the
@@ -390,11 +540,21 @@ where
     ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
         let (learner, step_fn, random) = (&mut self.learner, &mut self.step_fn, &mut self.random);
+        let member = self.rank.as_ref().map(Rank::member);
+        // A panic in the closure leaves the peers inside the step's collectives.
+        let unwinding = self.rank.clone().map(FailOnUnwind);
         let item = G::isolate(&self.device, || {
-            let item = random.draw_in(|| learner.train(step_fn, batch));
+            let item = random.draw_in(|| learner.train(step_fn, batch, member));
             random.advance_eager();
             item
-        })?;
+        });
+        let item = match (item, &self.rank) {
+            (Err(error), Some(rank)) if !matches!(error, StepError::DataParallel(_)) => {
+                return Err(rank.fail(error));
+            }
+            (item, _) => item?,
+        };
+        drop(unwinding);
         let recording = session.map(CaptureSession::finish);
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
@@ -424,6 +584,18 @@ where
             tracing::info!(trainer = self.id.0, shared_with = ?shared, "trainer shares a buffer; running eagerly");
         }
         self.shared_with = shared;
+    }
+}
+
+/// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
+/// step, after which the peers would wait in its collectives).
+struct FailOnUnwind(Rank);
+
+impl Drop for FailOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail("the step panicked");
+        }
     }
 }
 

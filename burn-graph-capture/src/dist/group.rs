@@ -1,0 +1,252 @@
+//! A data-parallel group of this process: one rank per device, each on its own thread,
+//! each with its own [`GraphTrainer`](crate::GraphTrainer).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use burn::config::Config;
+
+use super::error::DistError;
+use super::rendezvous::{FailureHook, Rendezvous};
+
+/// How a [`DataParallel`] group waits.
+#[derive(Config, Debug, PartialEq)]
+pub struct DataParallelConfig {
+    /// Longest a rank waits for the others at one meeting point (the agreement before
+    /// each step, a CPU collective), in seconds. A rank that dies (its thread unwinds) is
+    /// noticed at once; this bounds the wait for a rank that is stuck or far behind
+    /// (compiling, or evaluating while the others train).
+    #[config(default = 60.0)]
+    pub timeout_secs: f64,
+}
+
+/// A group of `world` ranks training one model together in this process: each rank a
+/// thread with its own device and [`GraphTrainer`](crate::GraphTrainer), gradients
+/// averaged over the ranks every step (NCCL on GPUs). Hand one [`RankMember`] to each
+/// rank's thread ([`members`](Self::members)).
+///
+/// Every rank must run the same steps: the same number, on batches of the same shapes.
+/// The ranks agree before each step whether it replays, captures or runs eagerly, so one
+/// rank's fallback makes every rank fall back together, and a rank that fails, is lost
+/// or stays away longer than the timeout turns into a [`DistError`] on the others.
+#[derive(Clone)]
+pub struct DataParallel {
+    group: Arc<Group>,
+}
+
+impl std::fmt::Debug for DataParallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataParallel")
+            .field("id", &self.group.id)
+            .field("world", &self.group.rendezvous.world())
+            .finish()
+    }
+}
+
+pub(crate) struct Group {
+    id: u64,
+    rendezvous: Rendezvous,
+    /// Ranks handed out.
+    taken: Mutex<Vec<bool>>,
+}
+
+impl DataParallel {
+    /// A group of `world` ranks.
+    pub fn new(world: usize, config: &DataParallelConfig) -> Result<Self, DistError> {
+        if world == 0 {
+            return Err(DistError::InvalidUse(
+                "a group needs at least one rank".into(),
+            ));
+        }
+        if !(config.timeout_secs.is_finite() && config.timeout_secs > 0.0) {
+            return Err(DistError::InvalidUse(format!(
+                "the timeout must be a positive number of seconds, not {}",
+                config.timeout_secs
+            )));
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let timeout = Duration::from_secs_f64(config.timeout_secs);
+        Ok(Self {
+            group: Arc::new(Group {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
+                rendezvous: Rendezvous::new(world, timeout),
+                taken: Mutex::new(vec![false; world]),
+            }),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.group.rendezvous.world()
+    }
+
+    /// The member for `rank`; each rank can be taken once.
+    pub fn member(&self, rank: usize) -> Result<RankMember, DistError> {
+        let mut taken = self
+            .group
+            .taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match taken.get_mut(rank) {
+            None => Err(DistError::InvalidUse(format!(
+                "rank {rank} of a group of {}",
+                self.world()
+            ))),
+            Some(true) => Err(DistError::InvalidUse(format!(
+                "rank {rank} was taken already"
+            ))),
+            Some(slot) => {
+                *slot = true;
+                Ok(RankMember {
+                    group: self.group.clone(),
+                    rank,
+                })
+            }
+        }
+    }
+
+    /// Every rank's member, in rank order (fails if one was taken already).
+    pub fn members(&self) -> Result<Vec<RankMember>, DistError> {
+        (0..self.world()).map(|rank| self.member(rank)).collect()
+    }
+
+    /// Aborts the group: every rank's next step (or the one waiting) returns
+    /// [`DistError::Aborted`], and its communicators are aborted.
+    pub fn abort(&self, why: &str) -> DistError {
+        self.group
+            .rendezvous
+            .fail(DistError::Aborted(why.to_string()))
+    }
+
+    /// Why the group failed, if it did.
+    pub fn failure(&self) -> Option<DistError> {
+        self.group.rendezvous.failure()
+    }
+}
+
+/// One rank's membership of a [`DataParallel`] group; its trainer holds it.
+///
+/// Dropping it leaves the group: cleanly when its thread is not unwinding (peers that
+/// step again get [`DistError::RankLeft`]), else as a lost rank, which aborts the group
+/// at once so that no peer waits in a collective for it.
+pub struct RankMember {
+    group: Arc<Group>,
+    rank: usize,
+}
+
+impl std::fmt::Debug for RankMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankMember")
+            .field("group", &self.group.id)
+            .field("rank", &self.rank)
+            .field("world", &self.world())
+            .finish()
+    }
+}
+
+impl RankMember {
+    /// This member's rank, from 0.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in its group.
+    pub fn world(&self) -> usize {
+        self.group.rendezvous.world()
+    }
+
+    /// The group's identity in this process (what backends key communicators by).
+    pub fn group_id(&self) -> u64 {
+        self.group.id
+    }
+
+    /// Every rank's `payload`, in rank order: the meeting point of agreements and of
+    /// CPU collectives. Every rank calls it in the same order.
+    pub fn all_gather(&self, payload: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>, DistError> {
+        self.group.rendezvous.all_gather(self.rank, payload)
+    }
+
+    /// Fails the group (see [`DistError::aborts`]); returns the group's failure.
+    pub fn fail(&self, error: DistError) -> DistError {
+        self.group.rendezvous.fail(error)
+    }
+
+    /// Why the group failed, if it did.
+    pub fn failure(&self) -> Option<DistError> {
+        self.group.rendezvous.failure()
+    }
+
+    /// Runs `hook` once the group fails in a way that may leave peers in a collective
+    /// (a backend aborts its communicator there).
+    pub fn on_failure(&self, hook: impl Fn(&DistError) + Send + Sync + 'static) {
+        let hook: FailureHook = Box::new(hook);
+        self.group.rendezvous.on_failure(hook);
+    }
+
+    /// The longest wait at one meeting point.
+    pub fn timeout(&self) -> Duration {
+        self.group.rendezvous.timeout()
+    }
+}
+
+impl Drop for RankMember {
+    fn drop(&mut self) {
+        self.group
+            .rendezvous
+            .leave(self.rank, std::thread::panicking());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_are_handed_out_once_and_in_range() {
+        let group = DataParallel::new(2, &DataParallelConfig::new()).unwrap();
+        let first = group.member(1).unwrap();
+        assert_eq!((first.rank(), first.world()), (1, 2));
+        assert!(matches!(group.member(1), Err(DistError::InvalidUse(_))));
+        assert!(matches!(group.member(2), Err(DistError::InvalidUse(_))));
+        assert!(matches!(group.members(), Err(DistError::InvalidUse(_))));
+        assert!(matches!(
+            DataParallel::new(0, &DataParallelConfig::new()),
+            Err(DistError::InvalidUse(_))
+        ));
+        assert!(matches!(
+            DataParallel::new(2, &DataParallelConfig::new().with_timeout_secs(0.0)),
+            Err(DistError::InvalidUse(_))
+        ));
+    }
+
+    #[test]
+    fn a_member_dropped_while_unwinding_aborts_the_group() {
+        let group = DataParallel::new(2, &DataParallelConfig::new()).unwrap();
+        let [zero, one]: [RankMember; 2] = group.members().unwrap().try_into().unwrap();
+        let lost = std::thread::spawn(move || {
+            let _member = one;
+            panic!("rank 1 dies");
+        });
+        assert!(lost.join().is_err());
+        assert_eq!(group.failure(), Some(DistError::RankLost { rank: 1 }));
+        assert_eq!(
+            zero.all_gather(vec![]).unwrap_err(),
+            DistError::RankLost { rank: 1 }
+        );
+    }
+
+    #[test]
+    fn abort_reaches_every_member() {
+        let group = DataParallel::new(1, &DataParallelConfig::new()).unwrap();
+        let member = group.member(0).unwrap();
+        assert_eq!(member.all_gather(vec![3]).unwrap().as_ref(), &vec![vec![3]]);
+        group.abort("operator stop");
+        assert_eq!(
+            member.all_gather(vec![3]).unwrap_err(),
+            DistError::Aborted("operator stop".into())
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! Data-parallel training: one rank per device, gradients averaged over the ranks inside
+//! each step, the step still one CUDA graph per rank.
+//!
+//! - [`group`]: [`DataParallel`], the group of this process's ranks, and
+//!   [`RankMember`], what each rank's trainer holds;
+//! - `rendezvous`: where ranks meet on the host (an all-gather with a timeout,
+//!   liveness and a sticky failure);
+//! - `agree`: how ranks agree on each step's mode, so that collectives run uniformly;
+//! - `sync`: the step's gradient average and the starting state's broadcast;
+//! - `host`: collectives on the host, for CPU backends;
+//! - `error`: [`DistError`].
+//!
+//! Backends provide the collectives themselves (`GraphBackend::all_reduce_mean`): NCCL
+//! on this crate's CUDA runtime, recorded into the step's graph like any kernel.
+
+pub(crate) mod agree;
+pub mod error;
+pub mod group;
+pub(crate) mod host;
+mod rendezvous;
+pub(crate) mod sync;
+
+pub use error::DistError;
+pub use group::{DataParallel, DataParallelConfig, RankMember};

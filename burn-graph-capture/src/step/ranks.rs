@@ -1,0 +1,107 @@
+//! A trainer's side of data-parallel training: its group membership, and the two
+//! meeting points of a step. Before anything collective runs, the ranks agree on how the
+//! step runs (`dist::agree`); after recording a capture, on whether every rank may
+//! launch its graph. Anything that fails past those points, where peers may already wait
+//! in a collective, fails the group.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::StepError;
+use super::mode::FallbackReason;
+use crate::dist::agree::{self, Proposal, Verdict};
+use crate::dist::{DistError, RankMember};
+
+/// How a rank's capture came out, as its peers learn it before launching.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum CaptureOutcome {
+    /// Its graph may launch.
+    Ready,
+    /// It falls back, for this reason.
+    Fallback(FallbackReason),
+    /// It failed (its step errored while recorded): the group fails.
+    Failed(String),
+}
+
+/// A trainer's membership of a data-parallel group (shared by the parts of a step).
+#[derive(Clone)]
+pub(crate) struct Rank {
+    member: Arc<RankMember>,
+}
+
+impl Rank {
+    pub(crate) fn new(member: RankMember) -> Self {
+        Self {
+            member: Arc::new(member),
+        }
+    }
+
+    pub(crate) fn member(&self) -> &RankMember {
+        &self.member
+    }
+
+    /// The group's failure, as the step error every later step returns.
+    pub(crate) fn failure(&self) -> Option<StepError> {
+        self.member.failure().map(StepError::DataParallel)
+    }
+
+    /// Fails the group: this rank could not finish a step its peers may be inside.
+    pub(crate) fn fail(&self, detail: impl std::fmt::Display) -> StepError {
+        StepError::DataParallel(self.member.fail(DistError::RankFailed {
+            rank: self.member.rank(),
+            detail: detail.to_string(),
+        }))
+    }
+
+    /// What this rank does, given what every rank proposes for the step.
+    pub(crate) fn agree(&self, proposal: &Proposal) -> Result<Verdict, StepError> {
+        let all: Vec<Proposal> = self.exchange(proposal)?;
+        Ok(agree::decide(self.member.rank(), &all))
+    }
+
+    /// Whether this rank launches its recorded graph: `None` when every rank may, else
+    /// why not (its own reason, or the first rank that fell back). A failed rank fails
+    /// the group on every rank.
+    pub(crate) fn agree_launch(
+        &self,
+        own: &CaptureOutcome,
+    ) -> Result<Option<FallbackReason>, StepError> {
+        let all: Vec<CaptureOutcome> = self.exchange(own)?;
+        if let Some((rank, CaptureOutcome::Failed(detail))) = all
+            .iter()
+            .enumerate()
+            .find(|(_, r)| matches!(r, CaptureOutcome::Failed(_)))
+        {
+            let error = DistError::RankFailed {
+                rank,
+                detail: detail.clone(),
+            };
+            return Err(StepError::DataParallel(self.member.fail(error)));
+        }
+        let outcomes: Vec<Option<FallbackReason>> = all
+            .into_iter()
+            .map(|r| match r {
+                CaptureOutcome::Fallback(reason) => Some(reason),
+                _ => None,
+            })
+            .collect();
+        Ok(agree::launch_verdict(self.member.rank(), &outcomes))
+    }
+
+    /// Every rank's `value`, through the group's rendezvous.
+    fn exchange<T: Serialize + for<'de> Deserialize<'de>>(
+        &self,
+        value: &T,
+    ) -> Result<Vec<T>, StepError> {
+        let payload = serde_json::to_vec(value).map_err(|err| self.fail(err))?;
+        let all = self
+            .member
+            .all_gather(payload)
+            .map_err(StepError::DataParallel)?;
+        all.iter()
+            .map(|bytes| serde_json::from_slice(bytes))
+            .collect::<Result<_, _>>()
+            .map_err(|err| self.fail(format!("a peer's proposal: {err}")))
+    }
+}
