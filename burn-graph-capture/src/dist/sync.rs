@@ -18,6 +18,7 @@ use super::error::DistError;
 use super::group::RankMember;
 use crate::backend::GraphBackend;
 use crate::optim::CapturableOptimizer;
+use crate::step::StepError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -145,5 +146,73 @@ where
             seated = seated.require_grad();
         }
         Param::from_mapped_value(id, seated, mapper)
+    }
+}
+
+/// `model` with rank 0's parameter ids, once every rank has shown the same parameter
+/// shapes in the same order. Optimizers key their state by parameter id, so ranks must
+/// agree on ids for rank 0's state to land on the same parameters everywhere (models
+/// built on each rank draw ids of their own; models loaded from one record share them).
+pub(crate) fn same_structure_as_rank_zero<B, M>(
+    model: M,
+    member: &RankMember,
+) -> Result<M, StepError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    let mut params = Structure::default();
+    model.visit(&mut params);
+    let payload = serde_json::to_vec(&params.0).expect("ids and shapes serialize");
+    let all = member
+        .all_gather(payload)
+        .map_err(StepError::DataParallel)?;
+    let parsed: Result<Vec<Vec<ParamShape>>, _> = all
+        .iter()
+        .map(|bytes| serde_json::from_slice(bytes))
+        .collect();
+    let fail = |detail: String| StepError::DataParallel(member.fail(DistError::Mismatch(detail)));
+    let all = parsed.map_err(|err| fail(format!("a rank's parameter list: {err}")))?;
+    let shapes =
+        |params: &[(u64, Vec<usize>)]| params.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>();
+    if let Some(other) = all
+        .iter()
+        .position(|theirs| shapes(theirs) != shapes(&all[0]))
+    {
+        return Err(fail(format!(
+            "rank {other} trains parameters of other shapes (or in another order) than rank 0"
+        )));
+    }
+    let ids = all[0]
+        .iter()
+        .map(|(id, _)| ParamId::from(*id))
+        .collect::<Vec<_>>();
+    Ok(model.map(&mut Rekey {
+        ids: ids.into_iter(),
+    }))
+}
+
+/// A parameter's id and shape.
+type ParamShape = (u64, Vec<usize>);
+
+/// Parameter ids and shapes in visit order.
+#[derive(Default)]
+struct Structure(Vec<ParamShape>);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Structure {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push((param.id.val(), param.val().dims().to_vec()));
+    }
+}
+
+/// Gives each parameter, in visit order, the next id.
+struct Rekey<I> {
+    ids: I,
+}
+
+impl<B: AutodiffBackend, I: Iterator<Item = ParamId>> ModuleMapper<B> for Rekey<I> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(self.ids.next().unwrap_or(id), tensor, mapper)
     }
 }

@@ -90,7 +90,7 @@ impl Rank {
     }
 
     /// Every rank's `value`, through the group's rendezvous.
-    fn exchange<T: Serialize + for<'de> Deserialize<'de>>(
+    pub(crate) fn exchange<T: Serialize + for<'de> Deserialize<'de>>(
         &self,
         value: &T,
     ) -> Result<Vec<T>, StepError> {

@@ -25,7 +25,7 @@ use super::report::TrainerReport;
 use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
 use crate::dist::agree::{Proposal, Verdict};
-use crate::dist::sync::broadcast_start;
+use crate::dist::sync::{broadcast_start, same_structure_as_rank_zero};
 use crate::dist::{DistError, RankMember};
 use crate::optim::CapturableOptimizer;
 
@@ -114,7 +114,14 @@ where
     /// registered (a share with another trainer is detected here). An optimizer whose
     /// state belongs to another model is kept as it is, and steps are refused with
     /// [`StepError::OptimizerStateMismatch`] until that model is put in.
-    pub fn new(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
+    pub fn new(model: M, optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
+        let mut trainer = Self::unregistered(model, optimizer, step_fn, config);
+        trainer.register_buffers();
+        trainer
+    }
+
+    /// [`new`](Self::new) before the model's buffers are registered.
+    fn unregistered(model: M, mut optimizer: O, step_fn: F, config: GraphTrainerConfig) -> Self {
         let device = model.devices().into_iter().next().unwrap_or_default();
         let model = with_own_state(&model);
         let misfit = fit::state_mismatch(&model, &mut optimizer);
@@ -123,7 +130,7 @@ where
             optimizer.init_state(&model);
         }
         let id = TrainerId::next();
-        let mut trainer = Self {
+        Self {
             id,
             graphs: Graphs::new(&config),
             config,
@@ -144,9 +151,7 @@ where
             last_mode: None,
             rank: None,
             _input: PhantomData,
-        };
-        trainer.register_buffers();
-        trainer
+        }
     }
 
     /// A trainer for one rank of data-parallel training ([`DataParallel`]): as
@@ -168,32 +173,31 @@ where
         config: GraphTrainerConfig,
         member: RankMember,
     ) -> Result<Self, StepError> {
-        let mut trainer = Self::new(model, optimizer, step_fn, config);
         let rank = Rank::new(member);
-        let joined = G::join_group(&trainer.device, rank.member())
-            .map_err(|error| StepError::DataParallel(rank.member().fail(error)));
-        // Every rank reaches the structure check, so that a rank whose join failed
+        let member = rank.member();
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        let joined = G::join_group(&device, member)
+            .map_err(|error| StepError::DataParallel(member.fail(error)));
+        // Every rank reaches the meeting points below, so that a rank whose join failed
         // does not leave the others waiting there.
-        let shapes = fit::param_shapes(trainer.learner.model());
-        let summary = format!("{shapes:?}; fits: {}", trainer.misfit.is_none());
-        let all = rank
-            .member()
-            .all_gather(summary.into_bytes())
-            .map_err(StepError::DataParallel)?;
+        let model = same_structure_as_rank_zero(model, member)?;
         joined?;
-        if let Some(other) = all.iter().position(|theirs| *theirs != all[0]) {
-            let error = DistError::Mismatch(format!(
-                "rank {other} trains parameters of other shapes than rank 0 (or an optimizer \
-                 state that does not fit its model)"
-            ));
-            return Err(StepError::DataParallel(rank.member().fail(error)));
-        }
+        // Registered once rank 0's values are in: ranks handed clones of one model would
+        // otherwise share its buffers.
+        let mut trainer = Self::unregistered(model, optimizer, step_fn, config);
+        let fits = rank.exchange(&trainer.misfit.is_none())?;
         if let Some(misfit) = &trainer.misfit {
             return Err(misfit.clone());
         }
+        if let Some(other) = fits.iter().position(|fits| !fits) {
+            let error = DistError::Mismatch(format!(
+                "rank {other}'s optimizer state does not fit its model"
+            ));
+            return Err(StepError::DataParallel(member.fail(error)));
+        }
         let mut broadcast = Ok(());
         trainer.learner.update(|model, optimizer| {
-            match broadcast_start(model.clone(), optimizer, rank.member()) {
+            match broadcast_start(model.clone(), optimizer, member) {
                 Ok(start) => start,
                 Err(error) => {
                     broadcast = Err(error);
@@ -201,7 +205,7 @@ where
                 }
             }
         });
-        broadcast.map_err(|error| StepError::DataParallel(rank.member().fail(error)))?;
+        broadcast.map_err(|error| StepError::DataParallel(member.fail(error)))?;
         trainer.register_buffers();
         trainer.rank = Some(rank);
         Ok(trainer)
