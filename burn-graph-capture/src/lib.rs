@@ -32,7 +32,7 @@ pub use backend::{
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
-pub use dist::{DataParallel, DataParallelConfig, DistError, RankMember};
+pub use dist::{DataParallel, DataParallelConfig, DistError, RankLink, RankMember};
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepError, StepInput, StepMode,
     StepOutcome, StepOutput, TrainerReport,

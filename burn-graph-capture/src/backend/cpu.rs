@@ -8,7 +8,7 @@ mod flex {
     use burn_flex::Flex;
 
     use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
-    use crate::dist::{DistError, RankMember, host};
+    use crate::dist::{DistError, RankLink, host};
     use crate::rng::{draw, state::Words};
 
     /// Flex computes on the calling thread: its reads are ready at once.
@@ -104,13 +104,13 @@ mod flex {
         }
 
         /// Flex's collectives run on the host, through the group's rendezvous.
-        fn join_group(_device: &Self::Device, _member: &RankMember) -> Result<(), DistError> {
+        fn join_group(_device: &Self::Device, _member: &RankLink) -> Result<(), DistError> {
             Ok(())
         }
 
         fn all_reduce_mean(
             tensors: Vec<FloatTensor<Self>>,
-            member: &RankMember,
+            member: &RankLink,
         ) -> Result<Vec<FloatTensor<Self>>, DistError> {
             on_host(tensors, |data| host::all_reduce_mean(member, data))
         }
@@ -118,7 +118,7 @@ mod flex {
         fn broadcast(
             tensors: Vec<FloatTensor<Self>>,
             root: usize,
-            member: &RankMember,
+            member: &RankLink,
         ) -> Result<Vec<FloatTensor<Self>>, DistError> {
             on_host(tensors, |data| host::broadcast(member, data, root))
         }

@@ -16,6 +16,8 @@ use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure, layout};
+use crate::dist::{DistError, RankLink};
+use crate::runtime::nccl::CollectiveOp;
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
     capture_end, capture_stream, with_server,
@@ -45,6 +47,7 @@ fn failure_kind(err: &CaptureError) -> RuntimeFailure {
         CaptureError::Server(_) => RuntimeFailure::Server,
         CaptureError::Driver { .. } => RuntimeFailure::Driver,
         CaptureError::Blas { .. } | CaptureError::BlasUnavailable => RuntimeFailure::Blas,
+        CaptureError::Nccl { .. } | CaptureError::NcclUnavailable(_) => RuntimeFailure::Collective,
         CaptureError::UnknownGraph(_) => RuntimeFailure::UnknownGraph,
         CaptureError::Unreachable => RuntimeFailure::Unreachable,
     }
@@ -138,6 +141,26 @@ impl GraphBackend for CudaCube {
 
     fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {
         true
+    }
+
+    fn join_group(device: &CudaGraphDevice, link: &RankLink) -> Result<(), DistError> {
+        super::collective::join(device, link)
+    }
+
+    /// NCCL's `ncclAvg` over the ranks, queued on the stream like a launch.
+    fn all_reduce_mean(
+        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
+        link: &RankLink,
+    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
+        super::collective::run(tensors, CollectiveOp::Mean, link)
+    }
+
+    fn broadcast(
+        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
+        root: usize,
+        link: &RankLink,
+    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
+        super::collective::run(tensors, CollectiveOp::Broadcast { root }, link)
     }
 
     /// The step runs under a fresh capture stream whose handles a private pool of the

@@ -18,6 +18,8 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
+use crate::dist::{DistError, RankLink};
+use crate::runtime::nccl::CollectiveOp;
 
 /// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.
 #[cfg(feature = "cuda")]
@@ -88,6 +90,26 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
 
     fn supports_hardware_graphs(device: &Self::Device) -> bool {
         B::supports_hardware_graphs(device)
+    }
+
+    fn join_group(device: &Self::Device, link: &RankLink) -> Result<(), DistError> {
+        B::join_group(device, link)
+    }
+
+    /// One custom op running `B`'s collective (`backend::collective`).
+    fn all_reduce_mean(
+        tensors: Vec<FloatTensor<Self>>,
+        link: &RankLink,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        super::collective::fused::<B>(tensors, CollectiveOp::Mean, link)
+    }
+
+    fn broadcast(
+        tensors: Vec<FloatTensor<Self>>,
+        root: usize,
+        link: &RankLink,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        super::collective::fused::<B>(tensors, CollectiveOp::Broadcast { root }, link)
     }
 
     fn capture<R>(

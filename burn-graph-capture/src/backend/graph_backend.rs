@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
-use crate::dist::{DistError, RankMember};
+use crate::dist::{DistError, RankLink};
 use crate::nn::LstmKernels;
 
 /// Identity of a tensor's storage, stable while that storage lives.
@@ -85,6 +85,8 @@ pub enum RuntimeFailure {
     Driver,
     /// A cuBLAS call failed, or cuBLAS could not be loaded.
     Blas,
+    /// An NCCL call failed, or NCCL could not be loaded.
+    Collective,
     /// The graph is no longer known to the runtime.
     UnknownGraph,
     /// The device worker could not be reached.
@@ -216,7 +218,7 @@ pub trait GraphBackend:
     /// Makes what `member`'s group needs for collectives on `device` (an NCCL
     /// communicator on GPUs). Called once per rank, outside any window; returns once
     /// every rank has joined. The default: this backend has no collectives.
-    fn join_group(_device: &Self::Device, _member: &RankMember) -> Result<(), DistError> {
+    fn join_group(_device: &Self::Device, _member: &RankLink) -> Result<(), DistError> {
         Err(no_collectives())
     }
 
@@ -226,7 +228,7 @@ pub trait GraphBackend:
     /// kernel. An error means the group can no longer be trusted: the caller fails it.
     fn all_reduce_mean(
         _tensors: Vec<FloatTensor<Self>>,
-        _member: &RankMember,
+        _member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
         Err(no_collectives())
     }
@@ -235,7 +237,7 @@ pub trait GraphBackend:
     fn broadcast(
         _tensors: Vec<FloatTensor<Self>>,
         _root: usize,
-        _member: &RankMember,
+        _member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
         Err(no_collectives())
     }
@@ -322,14 +324,14 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
         B::advance_random(state, draws)
     }
 
-    fn join_group(device: &Self::Device, member: &RankMember) -> Result<(), DistError> {
+    fn join_group(device: &Self::Device, member: &RankLink) -> Result<(), DistError> {
         B::join_group(device, member)
     }
 
     /// `B`'s, recorded as one op of the session: the step's graph holds it.
     fn all_reduce_mean(
         tensors: Vec<FloatTensor<Self>>,
-        member: &RankMember,
+        member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
         let reduced = B::all_reduce_mean(tensors.clone(), member)?;
         record_collective("all_reduce_mean", &tensors, &reduced, member, 0);
@@ -339,7 +341,7 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
     fn broadcast(
         tensors: Vec<FloatTensor<Self>>,
         root: usize,
-        member: &RankMember,
+        member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
         let received = B::broadcast(tensors.clone(), root, member)?;
         record_collective("broadcast", &tensors, &received, member, root);
@@ -353,7 +355,7 @@ fn record_collective<T: burn_backend::TensorMetadata + Allocated>(
     op: &'static str,
     inputs: &[T],
     outputs: &[T],
-    member: &RankMember,
+    member: &RankLink,
     root: usize,
 ) {
     if super::session::is_recording() {

@@ -5,6 +5,8 @@
 //! op signature and the capture breakers of the step that runs.
 
 mod base;
+#[cfg(feature = "cuda")]
+mod collective;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cublas;

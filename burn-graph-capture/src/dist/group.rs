@@ -51,7 +51,12 @@ pub(crate) struct Group {
     rendezvous: Rendezvous,
     /// Ranks handed out.
     taken: Mutex<Vec<bool>>,
+    /// What each rank runs when it leaves (freeing its communicator), by rank.
+    leave_hooks: Mutex<Vec<Vec<LeaveHook>>>,
 }
+
+/// What a rank runs when it leaves its group.
+type LeaveHook = Box<dyn FnOnce() + Send>;
 
 impl DataParallel {
     /// A group of `world` ranks.
@@ -74,6 +79,7 @@ impl DataParallel {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
                 rendezvous: Rendezvous::new(world, timeout),
                 taken: Mutex::new(vec![false; world]),
+                leave_hooks: Mutex::new((0..world).map(|_| Vec::new()).collect()),
             }),
         })
     }
@@ -101,8 +107,10 @@ impl DataParallel {
             Some(slot) => {
                 *slot = true;
                 Ok(RankMember {
-                    group: self.group.clone(),
-                    rank,
+                    link: RankLink {
+                        group: self.group.clone(),
+                        rank,
+                    },
                 })
             }
         }
@@ -127,19 +135,55 @@ impl DataParallel {
     }
 }
 
-/// One rank's membership of a [`DataParallel`] group; its trainer holds it.
+/// One rank's membership of a [`DataParallel`] group; its trainer holds it. Its
+/// [`RankLink`] (through `Deref`) is what backends and collectives use.
 ///
 /// Dropping it leaves the group: cleanly when its thread is not unwinding (peers that
 /// step again get [`DistError::RankLeft`]), else as a lost rank, which aborts the group
 /// at once so that no peer waits in a collective for it.
+#[derive(Debug)]
 pub struct RankMember {
+    link: RankLink,
+}
+
+impl std::ops::Deref for RankMember {
+    type Target = RankLink;
+
+    fn deref(&self) -> &RankLink {
+        &self.link
+    }
+}
+
+impl Drop for RankMember {
+    fn drop(&mut self) {
+        let group = &self.link.group;
+        group
+            .rendezvous
+            .leave(self.link.rank, std::thread::panicking());
+        let hooks = std::mem::take(
+            &mut group
+                .leave_hooks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[self.link.rank],
+        );
+        for hook in hooks {
+            hook();
+        }
+    }
+}
+
+/// A rank's link to its group: its rank, the group's meeting point, and its failure.
+/// Cloned into what runs collectives for the rank (a fused op, say); leaving is the
+/// [`RankMember`]'s.
+#[derive(Clone)]
+pub struct RankLink {
     group: Arc<Group>,
     rank: usize,
 }
 
-impl std::fmt::Debug for RankMember {
+impl std::fmt::Debug for RankLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RankMember")
+        f.debug_struct("RankLink")
             .field("group", &self.group.id)
             .field("rank", &self.rank)
             .field("world", &self.world())
@@ -147,8 +191,8 @@ impl std::fmt::Debug for RankMember {
     }
 }
 
-impl RankMember {
-    /// This member's rank, from 0.
+impl RankLink {
+    /// This rank, from 0.
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -186,17 +230,19 @@ impl RankMember {
         self.group.rendezvous.on_failure(hook);
     }
 
+    /// Runs `hook` when this rank leaves the group (a backend frees its communicator
+    /// there), after the group's failure hooks if it is lost.
+    pub fn on_leave(&self, hook: impl FnOnce() + Send + 'static) {
+        self.group
+            .leave_hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[self.rank]
+            .push(Box::new(hook));
+    }
+
     /// The longest wait at one meeting point.
     pub fn timeout(&self) -> Duration {
         self.group.rendezvous.timeout()
-    }
-}
-
-impl Drop for RankMember {
-    fn drop(&mut self) {
-        self.group
-            .rendezvous
-            .leave(self.rank, std::thread::panicking());
     }
 }
 

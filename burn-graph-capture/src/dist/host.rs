@@ -5,12 +5,12 @@
 use burn::tensor::{DType, TensorData};
 
 use super::error::DistError;
-use super::group::RankMember;
+use super::group::RankLink;
 
 /// Each tensor averaged elementwise over the ranks: summed in rank order in f32, then
 /// divided by the number of ranks; returned in each tensor's own dtype.
 pub(crate) fn all_reduce_mean(
-    member: &RankMember,
+    member: &RankLink,
     tensors: Vec<TensorData>,
 ) -> Result<Vec<TensorData>, DistError> {
     let values: Vec<Vec<f32>> = tensors.iter().map(as_f32).collect::<Result<_, _>>()?;
@@ -39,7 +39,7 @@ pub(crate) fn all_reduce_mean(
 
 /// `root`'s tensors on every rank.
 pub(crate) fn broadcast(
-    member: &RankMember,
+    member: &RankLink,
     tensors: Vec<TensorData>,
     root: usize,
 ) -> Result<Vec<TensorData>, DistError> {
@@ -101,7 +101,7 @@ mod tests {
 
     fn run_ranks<T: Send + 'static>(
         world: usize,
-        f: impl Fn(RankMember) -> T + Send + Sync + 'static,
+        f: impl Fn(&RankLink) -> T + Send + Sync + 'static,
     ) -> Vec<T> {
         let group = DataParallel::new(world, &DataParallelConfig::new()).unwrap();
         let f = std::sync::Arc::new(f);
@@ -111,7 +111,7 @@ mod tests {
             .into_iter()
             .map(|member| {
                 let f = f.clone();
-                std::thread::spawn(move || f(member))
+                std::thread::spawn(move || f(&member))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -119,11 +119,11 @@ mod tests {
 
     #[test]
     fn the_mean_is_the_same_on_every_rank_and_keeps_shape_and_dtype() {
-        let results = run_ranks(3, |member| {
+        let results = run_ranks(3, |member: &RankLink| {
             let r = member.rank() as f32;
             let a = TensorData::new(vec![r, 2.0 * r, 1.0], [3]);
             let b = TensorData::new(vec![r as f64 + 0.5; 4], [2, 2]);
-            all_reduce_mean(&member, vec![a, b]).unwrap()
+            all_reduce_mean(member, vec![a, b]).unwrap()
         });
         for result in &results {
             assert_eq!(result, &results[0]);
@@ -138,7 +138,7 @@ mod tests {
     fn broadcast_hands_out_the_roots_values() {
         let results = run_ranks(2, |member| {
             let mine = TensorData::new(vec![member.rank() as f32 + 10.0; 2], [2]);
-            broadcast(&member, vec![mine], 1).unwrap()
+            broadcast(member, vec![mine], 1).unwrap()
         });
         for result in results {
             assert_eq!(result[0].to_vec::<f32>().unwrap(), vec![11.0, 11.0]);
@@ -149,7 +149,7 @@ mod tests {
     fn tensors_of_other_sizes_are_a_mismatch() {
         let results = run_ranks(2, |member| {
             let size = 2 + member.rank();
-            all_reduce_mean(&member, vec![TensorData::new(vec![1.0f32; size], [size])])
+            all_reduce_mean(member, vec![TensorData::new(vec![1.0f32; size], [size])])
         });
         for result in results {
             assert!(matches!(result, Err(DistError::Mismatch(_))), "{result:?}");

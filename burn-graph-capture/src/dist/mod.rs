@@ -1,8 +1,9 @@
 //! Data-parallel training: one rank per device, gradients averaged over the ranks inside
 //! each step, the step still one CUDA graph per rank.
 //!
-//! - [`group`]: [`DataParallel`], the group of this process's ranks, and
-//!   [`RankMember`], what each rank's trainer holds;
+//! - [`group`]: [`DataParallel`], the group of this process's ranks,
+//!   [`RankMember`], what each rank's trainer holds, and its [`RankLink`], what
+//!   collectives use;
 //! - `rendezvous`: where ranks meet on the host (an all-gather with a timeout,
 //!   liveness and a sticky failure);
 //! - `agree`: how ranks agree on each step's mode, so that collectives run uniformly;
@@ -21,4 +22,4 @@ mod rendezvous;
 pub(crate) mod sync;
 
 pub use error::DistError;
-pub use group::{DataParallel, DataParallelConfig, RankMember};
+pub use group::{DataParallel, DataParallelConfig, RankLink, RankMember};

@@ -15,7 +15,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::error::DistError;
-use super::group::RankMember;
+use super::group::RankLink;
 use crate::backend::GraphBackend;
 use crate::optim::CapturableOptimizer;
 use crate::step::StepError;
@@ -26,7 +26,7 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 pub(crate) fn average_gradients<B, M>(
     model: &M,
     grads: &mut GradientsParams,
-    member: &RankMember,
+    member: &RankLink,
 ) -> Result<(), DistError>
 where
     B: AutodiffBackend<InnerBackend: GraphBackend>,
@@ -84,7 +84,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutGrads<'_, B> {
 pub(crate) fn broadcast_start<B, M, O>(
     model: M,
     optimizer: &mut O,
-    member: &RankMember,
+    member: &RankLink,
 ) -> Result<M, DistError>
 where
     B: AutodiffBackend<InnerBackend: GraphBackend>,
@@ -153,10 +153,7 @@ where
 /// shapes in the same order. Optimizers key their state by parameter id, so ranks must
 /// agree on ids for rank 0's state to land on the same parameters everywhere (models
 /// built on each rank draw ids of their own; models loaded from one record share them).
-pub(crate) fn same_structure_as_rank_zero<B, M>(
-    model: M,
-    member: &RankMember,
-) -> Result<M, StepError>
+pub(crate) fn same_structure_as_rank_zero<B, M>(model: M, member: &RankLink) -> Result<M, StepError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,

@@ -17,6 +17,8 @@ use cubecl_core::{
 use cubecl_runtime::server::ComputeServer;
 
 use super::blas::Gemm;
+use super::nccl::CollectiveOp;
+use super::server::CollectiveOperand;
 use super::server::CudaGraphServer;
 
 /// A held call, with what it needs to run later.
@@ -60,6 +62,13 @@ pub enum Deferred {
         operands: [Binding; 3],
         stream_id: StreamId,
     },
+    /// A group of NCCL collectives of another thread.
+    Collective {
+        key: u64,
+        op: CollectiveOp,
+        operands: Vec<CollectiveOperand>,
+        stream_id: StreamId,
+    },
 }
 
 impl core::fmt::Debug for Deferred {
@@ -72,6 +81,7 @@ impl core::fmt::Debug for Deferred {
             Deferred::Replay { .. } => "replay",
             Deferred::Copy { .. } => "copy",
             Deferred::Gemm { .. } => "gemm",
+            Deferred::Collective { .. } => "collective",
         };
         write!(f, "Deferred::{what}({:?})", self.stream_id())
     }
@@ -87,7 +97,8 @@ impl Deferred {
             | Deferred::Sync { stream_id, .. }
             | Deferred::Replay { stream_id, .. }
             | Deferred::Copy { stream_id, .. }
-            | Deferred::Gemm { stream_id, .. } => *stream_id,
+            | Deferred::Gemm { stream_id, .. }
+            | Deferred::Collective { stream_id, .. } => *stream_id,
         }
     }
 }

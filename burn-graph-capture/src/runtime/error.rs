@@ -151,6 +151,17 @@ pub enum CaptureError {
         #[source]
         error: DriverError,
     },
+    /// NCCL could not be loaded, or is too old for collectives in graphs.
+    #[error("NCCL is unavailable: {0}")]
+    NcclUnavailable(String),
+    /// An NCCL call failed, or a communicator was aborted.
+    #[error("NCCL call `{call}` failed: {detail}")]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// NCCL's result, or why the communicator is gone.
+        detail: String,
+    },
     /// cuBLAS could not be loaded (no libcublas on the library path): matmuls run
     /// CubeCL's kernels instead.
     #[error("cuBLAS (libcublas) could not be loaded; matmuls use CubeCL's kernels")]

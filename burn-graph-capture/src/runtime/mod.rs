@@ -22,6 +22,7 @@
 //! - [`fault`]: failures injected at each stage of a graph's life (tests, feature
 //!   `fault-injection`);
 //! - [`arena`]: the pool of pinned tensors (fixed addresses);
+//! - [`nccl`]: NCCL communicators on the stream, abortable from any thread;
 //! - [`error`]: typed errors.
 //!
 //! How capture fits the eager parts:
@@ -48,6 +49,7 @@ pub mod fault;
 mod fence;
 pub mod graph_pool;
 mod init;
+pub mod nccl;
 pub mod properties;
 mod ptx_cache;
 mod server;
@@ -63,7 +65,7 @@ pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
 pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
 pub use error::{CaptureError, InitError};
 pub use graph_pool::capture_stream;
-pub use server::CudaGraphServer;
+pub use server::{CollectiveOperand, CudaGraphServer};
 pub use storage::GpuResource;
 
 use cubecl_common::device::Device;

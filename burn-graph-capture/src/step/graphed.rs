@@ -32,7 +32,7 @@ use super::ranks::{CaptureOutcome, Rank};
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
 };
-use crate::dist::RankMember;
+use crate::dist::RankLink;
 use crate::optim::CapturableOptimizer;
 
 /// A graph with the static buffers it reads and writes; `T` is the step's output item.
@@ -565,7 +565,7 @@ fn record_step<G, M, O, I, F, R>(
     batch: &I,
     pins: &Pinned<G>,
     caller: StreamId,
-    member: Option<&RankMember>,
+    member: Option<&RankLink>,
 ) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,

@@ -16,7 +16,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::error::StepError;
 use super::output::StepOutput;
 use crate::backend::GraphBackend;
-use crate::dist::RankMember;
+use crate::dist::RankLink;
 use crate::dist::sync::average_gradients;
 use crate::optim::CapturableOptimizer;
 
@@ -87,7 +87,7 @@ impl<M, O> Learner<M, O> {
         &mut self,
         step_fn: &mut F,
         batch: &I,
-        member: Option<&RankMember>,
+        member: Option<&RankLink>,
     ) -> Result<R::Item, StepError>
     where
         B: AutodiffBackend<InnerBackend: GraphBackend>,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::error::StepError;
 use super::mode::FallbackReason;
 use crate::dist::agree::{self, Proposal, Verdict};
-use crate::dist::{DistError, RankMember};
+use crate::dist::{DistError, RankLink, RankMember};
 
 /// How a rank's capture came out, as its peers learn it before launching.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -37,7 +37,7 @@ impl Rank {
         }
     }
 
-    pub(crate) fn member(&self) -> &RankMember {
+    pub(crate) fn member(&self) -> &RankLink {
         &self.member
     }
 

@@ -32,8 +32,7 @@ use cubecl_core::{
     future::{self, DynFut},
     server::{
         Binding, CopyDescriptor, CubeCount, ExecutionMode, Handle, IoError, KernelArguments,
-        LaunchError, ProfileError, ProfilingToken, ServerCommunication, ServerError,
-        ServerUtilities,
+        LaunchError, ProfileError, ProfilingToken, ServerError, ServerUtilities,
     },
 };
 use cubecl_runtime::{
@@ -51,6 +50,8 @@ use cudarc::driver::{
 };
 use std::{collections::HashMap, ffi::c_void, sync::Arc};
 
+mod collective;
+pub use collective::CollectiveOperand;
 mod gemm;
 mod graphs;
 mod launch;
@@ -72,6 +73,8 @@ pub struct CudaGraphServer {
     deferred: Vec<Deferred>,
     /// cuBLAS, made at the first GEMM (see `gemm.rs`); the error if it could not be.
     blas: Option<Result<Blas, CaptureError>>,
+    /// NCCL communicators this device joined, by key (see `collective.rs`).
+    comms: HashMap<u64, Arc<super::nccl::Communicator>>,
 }
 
 impl CudaGraphServer {
@@ -92,6 +95,7 @@ impl CudaGraphServer {
             next_graph: 0,
             deferred: Vec::new(),
             blas: None,
+            comms: HashMap::new(),
         }
     }
 
@@ -174,6 +178,16 @@ impl CudaGraphServer {
                     stream_id,
                 } => {
                     if let Err(err) = self.gemm(gemm, operands) {
+                        self.park(stream_id, capture_as_server_err(err));
+                    }
+                }
+                Deferred::Collective {
+                    key,
+                    op,
+                    operands,
+                    stream_id,
+                } => {
+                    if let Err(err) = self.collective(key, op, operands) {
                         self.park(stream_id, capture_as_server_err(err));
                     }
                 }
@@ -522,8 +536,4 @@ impl ComputeServer for CudaGraphServer {
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream_id: StreamId) {
         self.streams.resolve(stream_id).gpu.mode(mode);
     }
-}
-
-impl ServerCommunication for CudaGraphServer {
-    const SERVER_COMM_ENABLED: bool = false;
 }
