@@ -79,7 +79,8 @@ pack() {
         xz -T2 -6 -f "$dest/$name"
     done
     cp "$here/gpu-check.sh" "$here/fuzz-trace.sh" "$dest/"
-    cp "$here/ncu_sum.py" "$here/speed_summary.py" "$here/../bench/anchors/torch_anchor.py" "$dest/"
+    cp "$here/ncu_sum.py" "$here/speed_summary.py" "$here/../bench/anchors/torch_anchor.py" \
+        "$here/../bench/anchors/torch_ddp_anchor.py" "$dest/"
     ls -la "$dest"
 }
 
@@ -292,6 +293,9 @@ run() {
     fi
     if [[ $what == startup ]]; then
         startup_stage
+    fi
+    if [[ $what == ddp ]]; then
+        ddp_stage
     fi
     if [[ $what == matmul ]]; then
         # CubeCL's matmul against cuBLAS at the LSTM step's GEMM shapes, with errors
@@ -579,6 +583,55 @@ cold_stage() {
     tar -czf "$out/cold-logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 }
 
+# NCCL for this runtime: cudarc opens `libnccl.so`, and the image's NCCL (PyTorch's
+# nvidia-nccl wheel) ships only `libnccl.so.2`: a link named libnccl.so is made in a
+# directory put first on LD_LIBRARY_PATH. NVLink multicast stays off in every process.
+nccl_setup() {
+    local lib
+    lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    if [ ! -f "$lib/libnccl.so.2" ]; then
+        lib=$(dirname "$(ldconfig -p | awk '/libnccl\.so\.2/ {print $NF; exit}')")
+    fi
+    mkdir -p /tmp/nccl-lib
+    ln -sf "$lib/libnccl.so.2" /tmp/nccl-lib/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/nccl-lib:$lib:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+    echo "NCCL: $(readlink -f /tmp/nccl-lib/libnccl.so)"
+}
+
+# Issue 16 on the machine at hand. Side by side: the data_parallel tests (one rank per
+# GPU test; each stack), the same under compute-sanitizer memcheck (GPU_TRAINER_SHORT),
+# and PyTorch's DDP anchor on DDP_WORLD GPUs (default: every visible one). Then alone,
+# so that nothing shares the GPU while it is timed: the speed bench's plain and
+# one-rank data-parallel steps at DDP_SIZES (default 32/64/256), unless DDP_SPEED=0.
+ddp_stage() {
+    nccl_setup
+    cubecl_setup
+    local -A pids
+    local t=${DDP_TIMEOUT:-420} part
+    isolated ddp-tests timeout "$t" "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture data_parallel:: &
+    pids[ddp_tests]=$!
+    GPU_TRAINER_SHORT=1 isolated memcheck-ddp timeout "$t" compute-sanitizer --tool memcheck \
+        --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 data_parallel:: &
+    pids[memcheck_ddp]=$!
+    (PYTHONUNBUFFERED=1 timeout "$t" python3 "$here/torch_ddp_anchor.py" \
+        --world "${DDP_WORLD:-$(nvidia-smi -L | wc -l)}" >"$out/torch-ddp.log" 2>&1) &
+    pids[torch_ddp]=$!
+    for part in "${!pids[@]}"; do
+        wait "${pids[$part]}"
+        status[$part]=$?
+    done
+    if [[ ${DDP_SPEED:-1} == 1 ]]; then
+        (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" "${DDP_SIZES:-32/64/256}" \
+            "${DDP_STACKS:-fused-lstm,fused-lstm-ddp1,fused,ddp1}") >"$out/ddp-speed.log" 2>&1
+        status[ddp_speed]=$?
+        cubecl_save
+    fi
+    grep -hE "^test .*(ok|FAILED)$|one rank|round [0-9]|rank [0-9]:|panicked|ERROR SUMMARY|test result" \
+        "$out"/ddp-tests.log "$out"/memcheck-ddp.log
+    grep -h "anchor\|torch" "$out/torch-ddp.log"
+    [ -f "$out/ddp-speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/ddp-speed.log"
+}
+
 # Issue 12's start-up report: the sunspot example (`lstm`, STARTUP_ARGS, default one
 # epoch) in a process with empty kernel (PTX) and autotune caches, then again with the
 # caches the first left: the process's wall time each, and the loop's own time from its
@@ -645,5 +698,5 @@ examples_stage() {
 case $mode in
 pack) shift; pack "$@" ;;
 run) shift; run "$@" ;;
-*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|parallel|examples|startup|matmul|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
+*) echo "usage: $0 pack [DEST] | run [all|smoke|tests|runtime|trainer|suite|cold|parallel|examples|startup|matmul|ddp|reliability|speed|ncu|torch|perf|memcheck|memcheck-runtime|memcheck-trainer|bench|conformance|precision]"; exit 2 ;;
 esac

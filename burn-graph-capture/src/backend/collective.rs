@@ -40,21 +40,35 @@ fn collective_err(err: CaptureError) -> DistError {
     DistError::Collective(err.to_string())
 }
 
-/// Joins `link`'s group on `device`: rank 0 makes the NCCL id, every rank gets it
-/// through the group's rendezvous and makes its communicator (returning once all
-/// have). A failure of the group aborts the communicator; leaving frees it once the
-/// stream has run its collectives.
+/// Joins `link`'s group on `device`: the ranks show their devices (one rank per GPU:
+/// two on one device would wait for each other on its one worker), rank 0 makes the
+/// NCCL id, and every rank makes its communicator with it (returning once all have).
+/// A failure of the group aborts the communicator; leaving frees it once the stream has
+/// run its collectives.
 pub(super) fn join(device: &CudaGraphDevice, link: &RankLink) -> Result<(), DistError> {
     let made = (link.rank() == 0).then(nccl::unique_id);
-    let payload = match &made {
-        Some(Ok(id)) => id.clone(),
-        _ => Vec::new(),
-    };
+    let mut payload = (device.index as u32).to_le_bytes().to_vec();
+    if let Some(Ok(id)) = &made {
+        payload.extend_from_slice(id);
+    }
     let all = link.all_gather(payload)?;
+    let devices: Vec<u32> = all
+        .iter()
+        .map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
+        .collect();
+    if let Some((second, first)) = (0..devices.len())
+        .flat_map(|b| (0..b).map(move |a| (b, a)))
+        .find(|&(b, a)| devices[a] == devices[b])
+    {
+        return Err(DistError::InvalidUse(format!(
+            "ranks {first} and {second} are both on GPU {}: NCCL takes one rank per GPU",
+            devices[first]
+        )));
+    }
     if let Some(Err(err)) = made {
         return Err(collective_err(err));
     }
-    let id = all[0].clone();
+    let id = all[0][4..].to_vec();
     if id.is_empty() {
         return Err(DistError::Collective(
             "rank 0 could not make an NCCL id (is NCCL available there?)".into(),

@@ -6,6 +6,9 @@
 //! - `cube`: `CudaCube` (no fusion), graphed;
 //! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
 //!   graphed and eager;
+//! - `ddp1`, `fused-lstm-ddp1`: `fused` and `fused-lstm` graphed by the one rank of a
+//!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step;
+//!   not in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -162,6 +165,32 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 stack,
                 mode: "eager",
                 timing,
+            });
+        }
+        // Issue 16: the step of one data-parallel rank (its gradient all-reduce through
+        // NCCL, one rank, and the ranks' agreement), beside the plain step above.
+        for stack in ["ddp1", "fused-lstm-ddp1"] {
+            if !wants(stack) {
+                continue;
+            }
+            let run = match stack {
+                "ddp1" => ours::graphed_ranks::<CudaFused, Nn<CudaFused>>(
+                    &work,
+                    &device,
+                    ours::Ranks::One,
+                ),
+                _ => ours::graphed_ranks::<CudaFused, Batched<CudaFused>>(
+                    &work,
+                    &device,
+                    ours::Ranks::One,
+                ),
+            };
+            emit(size, stack, "graphed", &run.timing, graphed_json(&run));
+            rows.push(Row {
+                size,
+                stack,
+                mode: "graphed",
+                timing: run.timing,
             });
         }
         if wants("cube") {

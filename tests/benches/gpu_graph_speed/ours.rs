@@ -8,7 +8,8 @@ use burn::prelude::*;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
 use burn_graph_capture::{
-    GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend, TrainerReport,
+    DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode,
+    TrainBackend, TrainerReport,
 };
 use lstm_example::Batch;
 
@@ -54,21 +55,49 @@ fn captured_trainer<G: Stack, M: Model<G>>(
     work: &Workload,
     batches: &[Input<G>],
     device: &CudaGraphDevice,
+    ranks: Ranks,
 ) -> Trainer<G, M> {
     let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
     let step: LossFn<G, M> = loss;
     let model = M::build(work, device);
-    let mut trainer = GraphTrainer::new(model, adam::<G>(device), step, config);
+    let mut trainer = match ranks {
+        Ranks::None => GraphTrainer::new(model, adam::<G>(device), step, config),
+        Ranks::One => {
+            let group = DataParallel::new(1, &DataParallelConfig::new()).expect("group");
+            let member = group.member(0).expect("member");
+            GraphTrainer::data_parallel(model, adam::<G>(device), step, config, member)
+                .expect("a data-parallel trainer of one rank")
+        }
+    };
     for batch in batches.iter().cycle().take(WARMUP + 1) {
         read::<G>(trainer.step(batch.clone()).expect("step").output);
     }
     trainer
 }
 
+/// Whether the trainer is one of data-parallel training (issue 16): its step then holds
+/// the gradient all-reduce (NCCL, one rank) and the ranks' agreement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ranks {
+    /// A plain trainer.
+    None,
+    /// The one rank of a data-parallel group.
+    One,
+}
+
 /// Times replays of `work`'s step on `G` (the trainer is dropped at the end).
 pub fn graphed<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> Graphed {
+    graphed_ranks::<G, M>(work, device, Ranks::None)
+}
+
+/// [`graphed`], by a plain trainer or the one rank of a data-parallel group.
+pub fn graphed_ranks<G: Stack, M: Model<G>>(
+    work: &Workload,
+    device: &CudaGraphDevice,
+    ranks: Ranks,
+) -> Graphed {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G, M>(work, &batches, device);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device, ranks);
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
     let timing = timing::time(
@@ -100,7 +129,7 @@ pub fn graphed<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice)
 /// one by default).
 pub fn profile_replay<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> f64 {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G, M>(work, &batches, device);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device, Ranks::None);
     let batch = batches[0].clone();
     crate::profile::range(
         || TrainBackend::<G>::sync(device).expect("sync"),

@@ -19,6 +19,9 @@
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
 //!   eager training;
 //! - `matmul`: issue 12's cuBLAS matmuls give the fp32 product in every layout;
+//! - `data_parallel`: issue 16 on one GPU: NCCL collectives (one rank) eager, recorded
+//!   and through Burn's path, a one-rank trainer graphed against capture off and a plain
+//!   trainer, aborts and leaks, two ranks on one GPU refused;
 //! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
 //!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
@@ -54,6 +57,7 @@ macro_rules! stack_tests {
 
 mod common;
 mod correctness;
+mod data_parallel;
 mod dropout;
 #[cfg(feature = "fault-injection")]
 mod faults;

@@ -155,6 +155,11 @@ impl CudaGraphServer {
         Ok(())
     }
 
+    /// Number of NCCL communicators this device holds.
+    pub fn nccl_communicators(&self) -> usize {
+        self.comms.len()
+    }
+
     /// This server's device index (its CUDA ordinal).
     fn device_index(&self) -> usize {
         self.ctx.ordinal()
