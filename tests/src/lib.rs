@@ -20,6 +20,9 @@ pub mod fused_lstm {}
 #[doc = include_str!("../../book/src/dropout.md")]
 pub mod dropout {}
 
+#[doc = include_str!("../../book/src/multi-gpu.md")]
+pub mod multi_gpu {}
+
 #[doc = include_str!("../../book/src/report.md")]
 pub mod report {}
 

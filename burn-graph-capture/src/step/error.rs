@@ -59,5 +59,5 @@ pub enum StepError {
     /// returns this too. The model's last step may hold a partial average (a collective
     /// cut short): resume from a checkpoint, with a new group.
     #[error("data-parallel training failed: {0}")]
-    DataParallel(DistError),
+    DataParallel(#[from] DistError),
 }
