@@ -6,20 +6,18 @@
 //!   collectives use;
 //! - `rendezvous`: where ranks meet on the host (an all-gather with a timeout,
 //!   liveness and a sticky failure);
-//! - `agree`: how ranks agree on each step's mode, so that collectives run uniformly;
-//! - `sync`: the step's gradient average and the starting state's broadcast;
 //! - `host`: collectives on the host, for CPU backends;
 //! - `error`: [`DistError`].
 //!
 //! Backends provide the collectives themselves (`GraphBackend::all_reduce_mean`): NCCL
-//! on this crate's CUDA runtime, recorded into the step's graph like any kernel.
+//! on this crate's CUDA runtime, recorded into the step's graph like any kernel. How a
+//! trainer's ranks agree on each step (`step::agreement`), and what a step averages
+//! (`step::collectives`), belong to the step layer. This layer knows nothing above it.
 
-pub(crate) mod agree;
 pub mod error;
 pub mod group;
 pub(crate) mod host;
 mod rendezvous;
-pub(crate) mod sync;
 
 pub use error::DistError;
 pub use group::{DataParallel, DataParallelConfig, RankLink, RankMember};

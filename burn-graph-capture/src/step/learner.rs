@@ -17,7 +17,7 @@ use super::error::StepError;
 use super::output::StepOutput;
 use crate::backend::GraphBackend;
 use crate::dist::RankLink;
-use crate::dist::sync::average_gradients;
+use super::collectives::average_gradients;
 use crate::optim::CapturableOptimizer;
 
 /// Why the model can be missing: an optimizer step that panicked took it.

@@ -5,7 +5,9 @@
 //! ordinary loop. Each step reports the mode it ran in, and every eager fallback its
 //! typed reason.
 
+mod agreement;
 mod cache;
+mod collectives;
 mod config;
 mod error;
 mod fit;

@@ -1,6 +1,6 @@
 //! A trainer's side of data-parallel training: its group membership, and the two
 //! meeting points of a step. Before anything collective runs, the ranks agree on how the
-//! step runs (`dist::agree`); after recording a capture, on whether every rank may
+//! step runs (`agreement`); after recording a capture, on whether every rank may
 //! launch its graph. Anything that fails past those points, where peers may already wait
 //! in a collective, fails the group.
 
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::StepError;
 use super::mode::FallbackReason;
-use crate::dist::agree::{self, Proposal, Verdict};
+use super::agreement::{self, Proposal, Verdict};
 use crate::dist::{DistError, RankLink, RankMember};
 
 /// How a rank's capture came out, as its peers learn it before launching.
@@ -57,7 +57,7 @@ impl Rank {
     /// What this rank does, given what every rank proposes for the step.
     pub(crate) fn agree(&self, proposal: &Proposal) -> Result<Verdict, StepError> {
         let all: Vec<Proposal> = self.exchange(proposal)?;
-        Ok(agree::decide(self.member.rank(), &all))
+        Ok(agreement::decide(self.member.rank(), &all))
     }
 
     /// Whether this rank launches its recorded graph: `None` when every rank may, else
@@ -86,7 +86,7 @@ impl Rank {
                 _ => None,
             })
             .collect();
-        Ok(agree::launch_verdict(self.member.rank(), &outcomes))
+        Ok(agreement::launch_verdict(self.member.rank(), &outcomes))
     }
 
     /// Every rank's `value`, through the group's rendezvous.

@@ -24,8 +24,8 @@ use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
-use crate::dist::agree::{Proposal, Verdict};
-use crate::dist::sync::{broadcast_start, same_structure_as_rank_zero};
+use super::agreement::{Proposal, Verdict};
+use super::collectives::{broadcast_start, same_structure_as_rank_zero};
 use crate::dist::{DistError, RankMember};
 use crate::optim::CapturableOptimizer;
 

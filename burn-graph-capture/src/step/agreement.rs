@@ -8,7 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::step::{FallbackReason, StepError};
+use super::error::StepError;
+use super::mode::FallbackReason;
 
 /// What one rank would do for this step, before it does anything collective.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

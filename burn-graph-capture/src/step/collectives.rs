@@ -14,11 +14,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::error::DistError;
-use super::group::RankLink;
+use super::error::StepError;
 use crate::backend::GraphBackend;
+use crate::dist::{DistError, RankLink};
 use crate::optim::CapturableOptimizer;
-use crate::step::StepError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
