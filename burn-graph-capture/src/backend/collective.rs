@@ -47,28 +47,27 @@ fn collective_err(err: CaptureError) -> DistError {
 /// run its collectives.
 pub(super) fn join(device: &CudaGraphDevice, link: &RankLink) -> Result<(), DistError> {
     let made = (link.rank() == 0).then(nccl::unique_id);
-    let mut payload = (device.index as u32).to_le_bytes().to_vec();
+    let mine = Seat::of(device);
+    let mut payload = mine.to_bytes().to_vec();
     if let Some(Ok(id)) = &made {
         payload.extend_from_slice(id);
     }
     let all = link.all_gather(payload)?;
-    let devices: Vec<u32> = all
-        .iter()
-        .map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
-        .collect();
-    if let Some((second, first)) = (0..devices.len())
+    let seats: Vec<Seat> = all.iter().map(|p| Seat::from_bytes(p)).collect();
+    if let Some((second, first)) = (0..seats.len())
         .flat_map(|b| (0..b).map(move |a| (b, a)))
-        .find(|&(b, a)| devices[a] == devices[b])
+        .find(|&(b, a)| seats[a] == seats[b])
     {
         return Err(DistError::InvalidUse(format!(
-            "ranks {first} and {second} are both on GPU {}: NCCL takes one rank per GPU",
-            devices[first]
+            "ranks {first} and {second} are both on GPU {} of one process: NCCL takes one \
+             rank per GPU",
+            seats[first].device
         )));
     }
     if let Some(Err(err)) = made {
         return Err(collective_err(err));
     }
-    let id = all[0][4..].to_vec();
+    let id = all[0][Seat::BYTES..].to_vec();
     if id.is_empty() {
         return Err(DistError::Collective(
             "rank 0 could not make an NCCL id (is NCCL available there?)".into(),
@@ -85,6 +84,53 @@ pub(super) fn join(device: &CudaGraphDevice, link: &RankLink) -> Result<(), Dist
         let _ = with_server(&device, move |server| server.nccl_leave(key));
     });
     Ok(())
+}
+
+/// Where a rank runs: its process and device. Two ranks of one process on one device
+/// would wait for each other on the device's one worker (ranks of two processes on one
+/// GPU are NCCL's to refuse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seat {
+    process: u64,
+    device: u32,
+}
+
+impl Seat {
+    const BYTES: usize = 12;
+
+    fn of(device: &CudaGraphDevice) -> Self {
+        Self {
+            process: process_token(),
+            device: device.index as u32,
+        }
+    }
+
+    fn to_bytes(self) -> [u8; Self::BYTES] {
+        let mut bytes = [0; Self::BYTES];
+        bytes[..8].copy_from_slice(&self.process.to_le_bytes());
+        bytes[8..].copy_from_slice(&self.device.to_le_bytes());
+        bytes
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Self {
+        let mut seat = [0u8; Self::BYTES];
+        let known = bytes.len().min(Self::BYTES);
+        seat[..known].copy_from_slice(&bytes[..known]);
+        let (process, device) = seat.split_at(8);
+        Self {
+            process: u64::from_le_bytes(process.try_into().expect("8 bytes")),
+            device: u32::from_le_bytes(device.try_into().expect("4 bytes")),
+        }
+    }
+}
+
+/// This process, among the processes of a group (which may span machines): its id, hashed
+/// with a key drawn for this process.
+fn process_token() -> u64 {
+    use std::hash::BuildHasher;
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKEN
+        .get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(std::process::id()))
 }
 
 /// `op` over `tensors` (fp32, one device) as one NCCL group on `link`'s communicator,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use burn::config::Config;
 
 use super::error::DistError;
-use super::rendezvous::{FailureHook, Rendezvous};
+use super::rendezvous::{FailureHook, Meeting, Rendezvous};
+use super::tcp::TcpMeeting;
 
 /// How a [`DataParallel`] group waits.
 #[derive(Config, Debug, PartialEq)]
@@ -26,7 +27,8 @@ pub struct DataParallelConfig {
 /// A group of `world` ranks training one model together in this process: each rank a
 /// thread with its own device and [`GraphTrainer`](crate::GraphTrainer), gradients
 /// averaged over the ranks every step (NCCL on GPUs). Hand one [`RankMember`] to each
-/// rank's thread ([`members`](Self::members)).
+/// rank's thread ([`members`](Self::members)). Ranks that are processes (one per GPU, or
+/// several machines) each get theirs from [`connect`](Self::connect) instead.
 ///
 /// Every rank must run the same steps: the same number, on batches of the same shapes.
 /// The ranks agree before each step whether it replays, captures or runs eagerly, so one
@@ -48,7 +50,7 @@ impl std::fmt::Debug for DataParallel {
 
 pub(crate) struct Group {
     id: u64,
-    rendezvous: Rendezvous,
+    rendezvous: Box<dyn Meeting>,
     /// Ranks handed out.
     taken: Mutex<Vec<bool>>,
     /// What each rank runs when it leaves (freeing its communicator), by rank.
@@ -72,15 +74,29 @@ impl DataParallel {
                 config.timeout_secs
             )));
         }
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let timeout = Duration::from_secs_f64(config.timeout_secs);
+        let timeout = timeout(config)?;
         Ok(Self {
-            group: Arc::new(Group {
-                id: NEXT.fetch_add(1, Ordering::Relaxed),
-                rendezvous: Rendezvous::new(world, timeout),
-                taken: Mutex::new(vec![false; world]),
-                leave_hooks: Mutex::new((0..world).map(|_| Vec::new()).collect()),
-            }),
+            group: Group::new(world, Box::new(Rendezvous::new(world, timeout))),
+        })
+    }
+
+    /// This process's member of a group whose ranks are processes, on this machine or
+    /// others: rank 0 listens on `address` (e.g. `0.0.0.0:29500`), and every other rank
+    /// connects to it there (e.g. `node0:29500`), retrying until the timeout. Returns once
+    /// every rank has connected. A rank whose process dies is noticed by the others at
+    /// once (its connection closes); see the guide's multi-GPU chapter for NCCL's
+    /// environment across machines.
+    pub fn connect(
+        address: impl std::net::ToSocketAddrs,
+        rank: usize,
+        world: usize,
+        config: &DataParallelConfig,
+    ) -> Result<RankMember, DistError> {
+        let meeting = TcpMeeting::connect(address, rank, world, timeout(config)?)?;
+        let group = Group::new(world, Box::new(meeting));
+        group.taken.lock().unwrap_or_else(PoisonError::into_inner)[rank] = true;
+        Ok(RankMember {
+            link: RankLink { group, rank },
         })
     }
 
@@ -132,6 +148,30 @@ impl DataParallel {
     /// Why the group failed, if it did.
     pub fn failure(&self) -> Option<DistError> {
         self.group.rendezvous.failure()
+    }
+}
+
+/// The group's timeout, checked.
+fn timeout(config: &DataParallelConfig) -> Result<Duration, DistError> {
+    if config.timeout_secs.is_finite() && config.timeout_secs > 0.0 {
+        Ok(Duration::from_secs_f64(config.timeout_secs))
+    } else {
+        Err(DistError::InvalidUse(format!(
+            "the timeout must be a positive number of seconds, not {}",
+            config.timeout_secs
+        )))
+    }
+}
+
+impl Group {
+    fn new(world: usize, rendezvous: Box<dyn Meeting>) -> Arc<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Arc::new(Group {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            rendezvous,
+            taken: Mutex::new(vec![false; world]),
+            leave_hooks: Mutex::new((0..world).map(|_| Vec::new()).collect()),
+        })
     }
 }
 

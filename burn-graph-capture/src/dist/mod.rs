@@ -5,7 +5,8 @@
 //!   [`RankMember`], what each rank's trainer holds, and its [`RankLink`], what
 //!   collectives use;
 //! - `rendezvous`: where ranks meet on the host (an all-gather with a timeout,
-//!   liveness and a sticky failure);
+//!   liveness and a sticky failure), in memory for the threads of one process;
+//! - `tcp`: the same over TCP, for ranks that are processes (rank 0 the hub);
 //! - `host`: collectives on the host, for CPU backends;
 //! - `error`: [`DistError`].
 //!
@@ -18,6 +19,7 @@ pub mod error;
 pub mod group;
 pub(crate) mod host;
 mod rendezvous;
+mod tcp;
 
 pub use error::DistError;
 pub use group::{DataParallel, DataParallelConfig, RankLink, RankMember};

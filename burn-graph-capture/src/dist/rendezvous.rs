@@ -1,8 +1,10 @@
 //! Where a group's ranks meet on the host: an all-gather of small byte payloads, with a
-//! timeout, liveness and a sticky failure.
+//! timeout, liveness and a sticky failure ([`Meeting`]). Ranks that are threads of one
+//! process meet in memory ([`Rendezvous`], here); ranks that are processes meet over TCP
+//! (`tcp`).
 //!
 //! Every agreement between ranks (how the next step runs) and every collective of a CPU
-//! backend goes through [`Rendezvous::all_gather`]: each rank gives its payload and gets
+//! backend goes through [`Meeting::all_gather`]: each rank gives its payload and gets
 //! every rank's, in rank order, so each rank can compute the same decision from the same
 //! inputs. Ranks call it in the same order; a round completes when every rank gave its
 //! payload. It never waits forever: a rank that left or was lost, a failure elsewhere, or
@@ -18,7 +20,26 @@ use super::error::DistError;
 /// peers stuck in a device collective are released.
 pub(crate) type FailureHook = Box<dyn Fn(&DistError) + Send + Sync>;
 
-/// The host meeting point of one group.
+/// The host meeting point of one group, whatever carries it.
+pub(crate) trait Meeting: Send + Sync {
+    /// Number of ranks.
+    fn world(&self) -> usize;
+    /// The longest wait for the other ranks.
+    fn timeout(&self) -> Duration;
+    /// Every rank's payload of this round, in rank order.
+    fn all_gather(&self, rank: usize, payload: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>, DistError>;
+    /// Fails the group with `error` unless it failed already; returns the group's failure.
+    fn fail(&self, error: DistError) -> DistError;
+    /// The group's failure, if it failed.
+    fn failure(&self) -> Option<DistError>;
+    /// Notes that `rank` left: cleanly, after its last step, or lost (its thread
+    /// unwound), which fails the group at once.
+    fn leave(&self, rank: usize, lost: bool);
+    /// Runs `hook` when the group fails abortively (at once if it already did).
+    fn on_failure(&self, hook: FailureHook);
+}
+
+/// The meeting point of ranks that are threads of one process.
 pub(crate) struct Rendezvous {
     world: usize,
     timeout: Duration,
@@ -56,25 +77,43 @@ impl Rendezvous {
         }
     }
 
-    pub(crate) fn world(&self) -> usize {
-        self.world
-    }
-
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// The state survives a panic of a rank holding the lock: every update is one step.
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn fail_locked(&self, mut state: MutexGuard<'_, State>, error: DistError) -> DistError {
+        if let Some(failure) = &state.failure {
+            return failure.clone();
+        }
+        state.failure = Some(error.clone());
+        self.turn.notify_all();
+        drop(state);
+        if error.aborts() {
+            tracing::error!(%error, "data-parallel group failed; aborting its communicators");
+            let hooks =
+                std::mem::take(&mut *self.hooks.lock().unwrap_or_else(PoisonError::into_inner));
+            for hook in hooks {
+                hook(&error);
+            }
+        } else {
+            tracing::warn!(%error, "data-parallel group failed");
+        }
+        error
+    }
+}
+
+impl Meeting for Rendezvous {
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Every rank's payload of this round, in rank order.
-    pub(crate) fn all_gather(
-        &self,
-        rank: usize,
-        payload: Vec<u8>,
-    ) -> Result<Arc<Vec<Vec<u8>>>, DistError> {
+    fn all_gather(&self, rank: usize, payload: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>, DistError> {
         let started = Instant::now();
         let mut state = self.state();
         if let Some(failure) = &state.failure {
@@ -130,18 +169,18 @@ impl Rendezvous {
     }
 
     /// Fails the group with `error` unless it failed already; returns the group's failure.
-    pub(crate) fn fail(&self, error: DistError) -> DistError {
+    fn fail(&self, error: DistError) -> DistError {
         self.fail_locked(self.state(), error)
     }
 
     /// The group's failure, if it failed.
-    pub(crate) fn failure(&self) -> Option<DistError> {
+    fn failure(&self) -> Option<DistError> {
         self.state().failure.clone()
     }
 
     /// Notes that `rank` left: cleanly, after its last step, or lost (its thread unwound),
     /// which fails the group at once.
-    pub(crate) fn leave(&self, rank: usize, lost: bool) {
+    fn leave(&self, rank: usize, lost: bool) {
         let mut state = self.state();
         state.gone[rank] = true;
         if lost {
@@ -152,7 +191,7 @@ impl Rendezvous {
     }
 
     /// Runs `hook` when the group fails abortively (at once if it already did).
-    pub(crate) fn on_failure(&self, hook: FailureHook) {
+    fn on_failure(&self, hook: FailureHook) {
         let failure = {
             let state = self.state();
             let mut hooks = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
@@ -167,26 +206,6 @@ impl Rendezvous {
         if let Some(failure) = failure {
             hook(&failure);
         }
-    }
-
-    fn fail_locked(&self, mut state: MutexGuard<'_, State>, error: DistError) -> DistError {
-        if let Some(failure) = &state.failure {
-            return failure.clone();
-        }
-        state.failure = Some(error.clone());
-        self.turn.notify_all();
-        drop(state);
-        if error.aborts() {
-            tracing::error!(%error, "data-parallel group failed; aborting its communicators");
-            let hooks =
-                std::mem::take(&mut *self.hooks.lock().unwrap_or_else(PoisonError::into_inner));
-            for hook in hooks {
-                hook(&error);
-            }
-        } else {
-            tracing::warn!(%error, "data-parallel group failed");
-        }
-        error
     }
 }
 

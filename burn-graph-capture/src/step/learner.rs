@@ -13,11 +13,11 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use super::collectives::average_gradients;
 use super::error::StepError;
 use super::output::StepOutput;
 use crate::backend::GraphBackend;
 use crate::dist::RankLink;
-use super::collectives::average_gradients;
 use crate::optim::CapturableOptimizer;
 
 /// Why the model can be missing: an optimizer step that panicked took it.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::agreement::{self, Proposal, Verdict};
 use super::error::StepError;
 use super::mode::FallbackReason;
-use super::agreement::{self, Proposal, Verdict};
 use crate::dist::{DistError, RankLink, RankMember};
 
 /// How a rank's capture came out, as its peers learn it before launching.

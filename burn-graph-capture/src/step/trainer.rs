@@ -8,7 +8,9 @@ use burn::optim::LearningRate;
 use burn::tensor::Tensor;
 use burn_backend::tensor::FloatTensor;
 
+use super::agreement::{Proposal, Verdict};
 use super::cache::{Observation, Plan};
+use super::collectives::{broadcast_start, same_structure_as_rank_zero};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
@@ -24,8 +26,6 @@ use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
-use super::agreement::{Proposal, Verdict};
-use super::collectives::{broadcast_start, same_structure_as_rank_zero};
 use crate::dist::{DistError, RankMember};
 use crate::optim::CapturableOptimizer;
 

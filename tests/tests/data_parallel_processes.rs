@@ -1,0 +1,254 @@
+//! Data-parallel ranks that are processes (`DataParallel::connect`, over TCP on
+//! loopback), on the CPU: they train as ranks on threads do, bit for bit, and killing one
+//! rank's process (SIGKILL, mid-training) is a typed error on the others at once.
+//!
+//! Each rank is this test binary run again as `rank_process` (ignored, so it runs only
+//! when started here), told what to do through the environment; it prints one JSON line
+//! per step and one at the end.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use burn::backend::Flex;
+use burn::tensor::backend::Backend;
+use burn_graph_capture::{DataParallel, DataParallelConfig, GraphTrainer, GraphTrainerConfig};
+use lstm_example::train::parameter_bits;
+use lstm_example::{Batch, SineTask};
+use serde_json::{Value, json};
+
+mod common;
+
+use common::{B, adam, loss, model, model_bytes};
+
+const BATCH: usize = 4;
+const TIME: usize = 6;
+
+/// Rank `rank`'s share of step `step`'s combined batch.
+fn shard(step: usize, rank: usize, world: usize) -> Batch<B> {
+    let device = Default::default();
+    let combined = SineTask::new(step as u64, 32).next_batch::<B>(world * BATCH, TIME, &device);
+    let rows = rank * BATCH..(rank + 1) * BATCH;
+    Batch {
+        x: combined.x.slice([rows.clone(), 0..TIME]),
+        y: combined.y.slice([rows, 0..TIME]),
+    }
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set by the parent test"))
+}
+
+/// One rank, when this binary is started by the tests below (else it does nothing).
+#[test]
+#[ignore = "a rank process, started by the other tests of this file"]
+fn rank_process() {
+    if std::env::var_os("DDP_RANK").is_none() {
+        return;
+    }
+    let rank: usize = env("DDP_RANK").parse().unwrap();
+    let world: usize = env("DDP_WORLD").parse().unwrap();
+    let steps: usize = env("DDP_STEPS").parse().unwrap();
+    let config = DataParallelConfig::new().with_timeout_secs(60.0);
+    let member = DataParallel::connect(env("DDP_ADDRESS"), rank, world, &config).unwrap();
+    // Every rank builds its own model; rank 0's is broadcast.
+    let bytes = seeded_model_bytes();
+    let mut trainer = GraphTrainer::data_parallel(
+        model(&bytes),
+        adam(),
+        loss,
+        GraphTrainerConfig::new(),
+        member,
+    )
+    .unwrap();
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        match trainer.step(shard(step, rank, world)) {
+            Ok(outcome) => {
+                let loss: f32 = outcome.output.into_scalar();
+                losses.push(loss.to_bits());
+                println!("{}", json!({"rank": rank, "step": step}));
+            }
+            Err(error) => {
+                println!(
+                    "{}",
+                    json!({"rank": rank, "step": step, "error": format!("{error:?}")})
+                );
+                return;
+            }
+        }
+    }
+    let bits = parameter_bits(trainer.model().unwrap());
+    println!(
+        "{}",
+        json!({"rank": rank, "done": true, "losses": losses, "bits": bits})
+    );
+}
+
+/// The same weights in every process: drawn from a seeded generator.
+fn seeded_model_bytes() -> Vec<u8> {
+    Flex::seed(&Default::default(), 7);
+    model_bytes()
+}
+
+/// Starts rank `rank` of `world` as a process of this binary.
+fn spawn_rank(rank: usize, world: usize, address: &str, steps: usize) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "rank_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DDP_RANK", rank.to_string())
+        .env("DDP_WORLD", world.to_string())
+        .env("DDP_ADDRESS", address)
+        .env("DDP_STEPS", steps.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn free_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// Every JSON line a rank printed, sent as it is printed: (rank, line, when).
+fn follow(mut child: Child, rank: usize, lines: mpsc::Sender<(usize, Value, Instant)>) -> Child {
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                let _ = lines.send((rank, value, Instant::now()));
+            }
+        }
+    });
+    child
+}
+
+#[test]
+fn rank_processes_train_as_ranks_on_threads_do() {
+    const STEPS: usize = 12;
+    let (world, address) = (2, free_address());
+    let (send, receive) = mpsc::channel();
+    let mut children: Vec<Child> = (0..world)
+        .map(|rank| follow(spawn_rank(rank, world, &address, STEPS), rank, send.clone()))
+        .collect();
+    drop(send);
+    let mut done = vec![None; world];
+    for (rank, line, _) in receive.iter() {
+        assert!(line.get("error").is_none(), "rank {rank}: {line}");
+        if line.get("done").is_some() {
+            done[rank] = Some(line);
+        }
+    }
+    for child in &mut children {
+        assert!(child.wait().unwrap().success());
+    }
+    let done: Vec<Value> = done
+        .into_iter()
+        .map(|d| d.expect("a rank finished"))
+        .collect();
+    assert_eq!(
+        done[0]["bits"], done[1]["bits"],
+        "the processes' parameters differ"
+    );
+
+    // The same training with ranks on threads.
+    let group = DataParallel::new(world, &DataParallelConfig::new()).unwrap();
+    let bytes = seeded_model_bytes();
+    let threads: Vec<(Vec<u32>, Vec<Vec<u32>>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = group
+            .members()
+            .unwrap()
+            .into_iter()
+            .map(|member| {
+                let bytes = &bytes;
+                scope.spawn(move || {
+                    let rank = member.rank();
+                    let mut trainer = GraphTrainer::data_parallel(
+                        model(bytes),
+                        adam(),
+                        loss,
+                        GraphTrainerConfig::new(),
+                        member,
+                    )
+                    .unwrap();
+                    let losses = (0..STEPS)
+                        .map(|step| {
+                            let outcome = trainer.step(shard(step, rank, world)).unwrap();
+                            outcome.output.into_scalar().to_bits()
+                        })
+                        .collect();
+                    (losses, parameter_bits(trainer.model().unwrap()))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (losses, bits)) in threads.iter().enumerate() {
+        assert_eq!(done[rank]["losses"], json!(losses), "rank {rank}'s losses");
+        assert_eq!(done[rank]["bits"], json!(bits), "rank {rank}'s parameters");
+    }
+}
+
+#[test]
+fn killing_a_rank_process_is_a_typed_error_on_the_others_at_once() {
+    let (world, address) = (3, free_address());
+    let (send, receive) = mpsc::channel();
+    let mut children: Vec<Child> = (0..world)
+        .map(|rank| {
+            follow(
+                spawn_rank(rank, world, &address, 100_000),
+                rank,
+                send.clone(),
+            )
+        })
+        .collect();
+    drop(send);
+    // Rank 1 is killed mid-training, once it has stepped 20 times.
+    let mut killed_at = None;
+    let mut errors = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while errors.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (rank, line, when) = receive
+            .recv_timeout(left)
+            .expect("the survivors report in time");
+        if rank == 1 && line["step"] == json!(20) && killed_at.is_none() {
+            children[1].kill().unwrap();
+            killed_at = Some(Instant::now());
+        }
+        if let Some(error) = line.get("error") {
+            errors.push((rank, error.as_str().unwrap().to_string(), when));
+        }
+    }
+    let killed_at = killed_at.expect("rank 1 was killed");
+    for (rank, error, when) in &errors {
+        let after = when.saturating_duration_since(killed_at);
+        println!("rank {rank}, {after:?} after the kill: {error}");
+        assert_ne!(*rank, 1);
+        assert!(
+            error.contains("RankLost { rank: 1 }"),
+            "rank {rank}: {error}"
+        );
+        assert!(
+            after < Duration::from_secs(30),
+            "rank {rank} noticed after {after:?}"
+        );
+    }
+    for (rank, child) in children.iter_mut().enumerate() {
+        let status = child.wait().unwrap();
+        if rank != 1 {
+            assert!(status.success(), "rank {rank} exited with {status}");
+        }
+    }
+}
