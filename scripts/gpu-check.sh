@@ -598,24 +598,29 @@ nccl_setup() {
     echo "NCCL: $(readlink -f /tmp/nccl-lib/libnccl.so)"
 }
 
-# Issue 16 on the machine at hand. Side by side: the data_parallel tests (one rank per
-# GPU test; each stack), the same under compute-sanitizer memcheck (GPU_TRAINER_SHORT),
-# and PyTorch's DDP anchor on DDP_WORLD GPUs (default: every visible one). Then alone,
-# so that nothing shares the GPU while it is timed: the speed bench's plain and
-# one-rank data-parallel steps at DDP_SIZES (default 32/64/256), unless DDP_SPEED=0.
+# Issue 16 on the machine at hand. Side by side (unless DDP_TESTS=0): the data_parallel
+# tests (each stack), the same under compute-sanitizer memcheck (GPU_TRAINER_SHORT;
+# API errors are not counted: NCCL's init probes kernels built for other GPUs and gets
+# "no kernel image" back, which it handles, 136 such reports in session 14), and
+# PyTorch's DDP anchor on DDP_WORLD GPUs (default: every visible one). Then alone, so
+# that nothing shares the GPU while it is timed: the speed bench's plain and one-rank
+# data-parallel steps at DDP_SIZES (default 32/64/256), unless DDP_SPEED=0.
 ddp_stage() {
     nccl_setup
     cubecl_setup
     local -A pids
     local t=${DDP_TIMEOUT:-420} part
-    isolated ddp-tests timeout "$t" "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture data_parallel:: &
-    pids[ddp_tests]=$!
-    GPU_TRAINER_SHORT=1 isolated memcheck-ddp timeout "$t" compute-sanitizer --tool memcheck \
-        --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored --test-threads=1 data_parallel:: &
-    pids[memcheck_ddp]=$!
-    (PYTHONUNBUFFERED=1 timeout "$t" python3 "$here/torch_ddp_anchor.py" \
-        --world "${DDP_WORLD:-$(nvidia-smi -L | wc -l)}" >"$out/torch-ddp.log" 2>&1) &
-    pids[torch_ddp]=$!
+    if [[ ${DDP_TESTS:-1} == 1 ]]; then
+        isolated ddp-tests timeout "$t" "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture data_parallel:: &
+        pids[ddp_tests]=$!
+        GPU_TRAINER_SHORT=1 isolated memcheck-ddp timeout "$t" compute-sanitizer --tool memcheck \
+            --report-api-errors no --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored \
+            --test-threads=1 data_parallel:: &
+        pids[memcheck_ddp]=$!
+        (PYTHONUNBUFFERED=1 timeout "$t" python3 "$here/torch_ddp_anchor.py" \
+            --world "${DDP_WORLD:-$(nvidia-smi -L | wc -l)}" >"$out/torch-ddp.log" 2>&1) &
+        pids[torch_ddp]=$!
+    fi
     for part in "${!pids[@]}"; do
         wait "${pids[$part]}"
         status[$part]=$?
@@ -627,8 +632,8 @@ ddp_stage() {
         cubecl_save
     fi
     grep -hE "^test .*(ok|FAILED)$|one rank|round [0-9]|rank [0-9]:|panicked|ERROR SUMMARY|test result" \
-        "$out"/ddp-tests.log "$out"/memcheck-ddp.log
-    grep -h "anchor\|torch" "$out/torch-ddp.log"
+        "$out"/ddp-tests.log "$out"/memcheck-ddp.log 2>/dev/null
+    grep -h "anchor\|torch" "$out/torch-ddp.log" 2>/dev/null
     [ -f "$out/ddp-speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/ddp-speed.log"
 }
 

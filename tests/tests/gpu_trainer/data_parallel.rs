@@ -281,6 +281,11 @@ fn abort_round<G: Stack>() -> Duration {
 fn an_aborted_group_stops_its_trainer_and_groups_leave_nothing_behind<G: Stack>() {
     let rounds = run_length(10).max(3);
     let mut usage = Vec::new();
+    // Burn's communicators (`burns_collectives_run_on_this_runtime`) live with the device:
+    // Burn never leaves them. Only this test's groups are counted.
+    let communicators =
+        || with_server(&device(), |server| server.nccl_communicators()).expect("server");
+    let before = communicators();
     for round in 0..rounds {
         let noticed = abort_round::<G>();
         G::sync(&device()).expect("sync");
