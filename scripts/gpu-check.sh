@@ -599,17 +599,20 @@ nccl_setup() {
 }
 
 # Issue 16 on the machine at hand. Side by side (unless DDP_TESTS=0): the data_parallel
-# tests (each stack), the same under compute-sanitizer memcheck (GPU_TRAINER_SHORT;
-# API errors are not counted: NCCL's init probes kernels built for other GPUs and gets
-# "no kernel image" back, which it handles, 136 such reports in session 14), and
-# PyTorch's DDP anchor on DDP_WORLD GPUs (default: every visible one). Then alone, so
-# that nothing shares the GPU while it is timed: the speed bench's plain and one-rank
-# data-parallel steps at DDP_SIZES (default 32/64/256), unless DDP_SPEED=0.
+# tests (one rank; each stack), the same under compute-sanitizer memcheck
+# (GPU_TRAINER_SHORT; API errors are not counted: NCCL's init probes kernels built for
+# other GPUs and gets "no kernel image" back, which it handles, 136 such reports in
+# session 14), and PyTorch's DDP anchor on DDP_WORLD GPUs (default: every visible one).
+# With two GPUs or more, then the two_gpus tests and their memcheck. Then alone, so that
+# nothing shares the GPUs while they are timed (unless DDP_SPEED=0): the speed bench's
+# plain and one-rank data-parallel steps, and with two GPUs the two-rank ones, at
+# DDP_SIZES (default 32/64/256).
 ddp_stage() {
     nccl_setup
     cubecl_setup
     local -A pids
     local t=${DDP_TIMEOUT:-420} part
+    local world=${DDP_WORLD:-$(nvidia-smi -L | wc -l)}
     if [[ ${DDP_TESTS:-1} == 1 ]]; then
         isolated ddp-tests timeout "$t" "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture data_parallel:: &
         pids[ddp_tests]=$!
@@ -618,21 +621,35 @@ ddp_stage() {
             --test-threads=1 data_parallel:: &
         pids[memcheck_ddp]=$!
         (PYTHONUNBUFFERED=1 timeout "$t" python3 "$here/torch_ddp_anchor.py" \
-            --world "${DDP_WORLD:-$(nvidia-smi -L | wc -l)}" >"$out/torch-ddp.log" 2>&1) &
+            --world "$world" >"$out/torch-ddp.log" 2>&1) &
         pids[torch_ddp]=$!
     fi
     for part in "${!pids[@]}"; do
         wait "${pids[$part]}"
         status[$part]=$?
     done
+    if [[ ${DDP_TESTS:-1} == 1 ]] && ((world >= 2)); then
+        # Issue 16's two-GPU acceptance: two ranks against one GPU on the combined batch
+        # (both models, both stacks), a killed rank process; then the two-rank tests under
+        # memcheck. (`rank_process` is the killed test's child, not a test to run alone.)
+        isolated two-gpus timeout "$t" "$bin/gpu_trainer" --ignored --test-threads=1 --nocapture \
+            two_gpus:: --skip two_gpus::rank_process
+        status[two_gpus]=$?
+        GPU_TRAINER_SHORT=1 isolated memcheck-two-gpus timeout "$t" compute-sanitizer --tool memcheck \
+            --report-api-errors no --error-exitcode 17 --print-limit 20 "$bin/gpu_trainer" --ignored \
+            --test-threads=1 two_gpus::fused::two_ranks_of
+        status[memcheck_two_gpus]=$?
+    fi
     if [[ ${DDP_SPEED:-1} == 1 ]]; then
+        local stacks=fused-lstm,fused-lstm-ddp1,fused,ddp1
+        ((world >= 2)) && stacks=$stacks,fused-lstm-ddp2,ddp2
         (cd "$cubecl_dir" && timeout "${SPEED_TIMEOUT:-540}" "$bin/gpu_graph_speed" "${DDP_SIZES:-32/64/256}" \
-            "${DDP_STACKS:-fused-lstm,fused-lstm-ddp1,fused,ddp1}") >"$out/ddp-speed.log" 2>&1
+            "${DDP_STACKS:-$stacks}") >"$out/ddp-speed.log" 2>&1
         status[ddp_speed]=$?
         cubecl_save
     fi
-    grep -hE "^test .*(ok|FAILED)$|one rank|round [0-9]|rank [0-9]:|panicked|ERROR SUMMARY|test result" \
-        "$out"/ddp-tests.log "$out"/memcheck-ddp.log 2>/dev/null
+    grep -hE "^test .*(ok|FAILED)$|one rank|two ranks|round [0-9]|rank [0-9][:,]|panicked|ERROR SUMMARY|test result" \
+        "$out"/ddp-tests.log "$out"/memcheck-ddp.log "$out"/two-gpus.log "$out"/memcheck-two-gpus.log 2>/dev/null
     grep -h "anchor\|torch" "$out/torch-ddp.log" 2>/dev/null
     [ -f "$out/ddp-speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/ddp-speed.log"
 }

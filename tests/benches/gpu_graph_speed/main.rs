@@ -7,8 +7,9 @@
 //! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
 //!   graphed and eager;
 //! - `ddp1`, `fused-lstm-ddp1`: `fused` and `fused-lstm` graphed by the one rank of a
-//!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step;
-//!   not in the default list);
+//!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step);
+//!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
+//!   row's batch (two GPUs needed; not in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -169,7 +170,9 @@ fn speed(sizes: &[Size], stacks: &[String]) {
         }
         // Issue 16: the step of one data-parallel rank (its gradient all-reduce through
         // NCCL, one rank, and the ranks' agreement), beside the plain step above.
-        for stack in ["ddp1", "fused-lstm-ddp1"] {
+        // With two GPUs, `ddp2` and `fused-lstm-ddp2`: rank 0's step in a group of two
+        // (GPUs 0 and 1, each with this size's batch), timed as the others are.
+        for stack in ["ddp1", "fused-lstm-ddp1", "ddp2", "fused-lstm-ddp2"] {
             if !wants(stack) {
                 continue;
             }
@@ -179,11 +182,13 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                     &device,
                     ours::Ranks::One,
                 ),
-                _ => ours::graphed_ranks::<CudaFused, Batched<CudaFused>>(
+                "fused-lstm-ddp1" => ours::graphed_ranks::<CudaFused, Batched<CudaFused>>(
                     &work,
                     &device,
                     ours::Ranks::One,
                 ),
+                "ddp2" => ours::graphed_two::<CudaFused, Nn<CudaFused>>(&work),
+                _ => ours::graphed_two::<CudaFused, Batched<CudaFused>>(&work),
             };
             emit(size, stack, "graphed", &run.timing, graphed_json(&run));
             rows.push(Row {

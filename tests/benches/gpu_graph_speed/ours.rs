@@ -8,8 +8,8 @@ use burn::prelude::*;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
 use burn_graph_capture::{
-    DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode,
-    TrainBackend, TrainerReport,
+    DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig, RankMember,
+    StepMode, TrainBackend, TrainerReport,
 };
 use lstm_example::Batch;
 
@@ -55,19 +55,15 @@ fn captured_trainer<G: Stack, M: Model<G>>(
     work: &Workload,
     batches: &[Input<G>],
     device: &CudaGraphDevice,
-    ranks: Ranks,
+    member: Option<RankMember>,
 ) -> Trainer<G, M> {
     let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
     let step: LossFn<G, M> = loss;
     let model = M::build(work, device);
-    let mut trainer = match ranks {
-        Ranks::None => GraphTrainer::new(model, adam::<G>(device), step, config),
-        Ranks::One => {
-            let group = DataParallel::new(1, &DataParallelConfig::new()).expect("group");
-            let member = group.member(0).expect("member");
-            GraphTrainer::data_parallel(model, adam::<G>(device), step, config, member)
-                .expect("a data-parallel trainer of one rank")
-        }
+    let mut trainer = match member {
+        None => GraphTrainer::new(model, adam::<G>(device), step, config),
+        Some(member) => GraphTrainer::data_parallel(model, adam::<G>(device), step, config, member)
+            .expect("a data-parallel trainer"),
     };
     for batch in batches.iter().cycle().take(WARMUP + 1) {
         read::<G>(trainer.step(batch.clone()).expect("step").output);
@@ -96,8 +92,51 @@ pub fn graphed_ranks<G: Stack, M: Model<G>>(
     device: &CudaGraphDevice,
     ranks: Ranks,
 ) -> Graphed {
+    let member = match ranks {
+        Ranks::None => None,
+        Ranks::One => {
+            let group = DataParallel::new(1, &DataParallelConfig::new()).expect("group");
+            Some(group.member(0).expect("member"))
+        }
+    };
+    timed_replays::<G, M>(work, device, member)
+}
+
+/// Times rank 0's replays of `work`'s step in a group of two ranks, GPUs 0 and 1, each
+/// with `work`'s batch (so the two train on twice the batch of one GPU). Rank 1 steps
+/// alongside on its own thread: every step the ranks agree and average their gradients.
+pub fn graphed_two<G: Stack, M: Model<G>>(work: &Workload) -> Graphed {
+    let group = DataParallel::new(2, &DataParallelConfig::new()).expect("group");
+    let mut members = group.members().expect("members").into_iter();
+    let (zero, one) = (
+        members.next().expect("rank 0"),
+        members.next().expect("rank 1"),
+    );
+    let plan = timing::GRAPHED;
+    let steps = WARMUP + 1 + plan.per_step + plan.rounds * plan.round_len;
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let device = CudaGraphDevice::new(1);
+            let batches = work.batches::<TrainBackend<G>>(&device);
+            let mut trainer = captured_trainer::<G, M>(work, &batches, &device, Some(one));
+            let mut last = None;
+            for batch in batches.iter().cycle().take(steps - WARMUP - 1) {
+                last = Some(trainer.step(batch.clone()).expect("rank 1's step").output);
+            }
+            read::<G>(last.expect("a step"));
+        });
+        timed_replays::<G, M>(work, &CudaGraphDevice::new(0), Some(zero))
+    })
+}
+
+/// Builds and captures the trainer (of `member`'s rank, if any), then times its replays.
+fn timed_replays<G: Stack, M: Model<G>>(
+    work: &Workload,
+    device: &CudaGraphDevice,
+    member: Option<RankMember>,
+) -> Graphed {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G, M>(work, &batches, device, ranks);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device, member);
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
     let timing = timing::time(
@@ -129,7 +168,7 @@ pub fn graphed_ranks<G: Stack, M: Model<G>>(
 /// one by default).
 pub fn profile_replay<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> f64 {
     let batches = work.batches::<TrainBackend<G>>(device);
-    let mut trainer = captured_trainer::<G, M>(work, &batches, device, Ranks::None);
+    let mut trainer = captured_trainer::<G, M>(work, &batches, device, None);
     let batch = batches[0].clone();
     crate::profile::range(
         || TrainBackend::<G>::sync(device).expect("sync"),

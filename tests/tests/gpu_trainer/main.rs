@@ -22,6 +22,8 @@
 //! - `data_parallel`: issue 16 on one GPU: NCCL collectives (one rank) eager, recorded
 //!   and through Burn's path, a one-rank trainer graphed against capture off and a plain
 //!   trainer, aborts and leaks, two ranks on one GPU refused;
+//! - `two_gpus`: issue 16's acceptance on two GPUs (two ranks against one GPU on the
+//!   combined batch, a killed rank process); these fail at once on fewer GPUs;
 //! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
 //!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
@@ -72,3 +74,4 @@ mod models;
 #[path = "../common/fused_lstm_parity.rs"]
 mod parity;
 mod soak;
+mod two_gpus;
