@@ -47,7 +47,7 @@ for line in sys.stdin:
 
 # GPU_PACK (default: all) names the binaries to build, space-separated, out of:
 # gpu_runtime gpu_precision gpu_capture gpu_trainer gpu_graph_speed runtime_eager_bench
-# gpu_conformance lstm lstm-learner charlm fuzz threads shared_embedding (lstm,
+# gpu_conformance stock_ddp lstm lstm-learner charlm fuzz threads shared_embedding (lstm,
 # lstm-learner and charlm: the examples, for the `examples` stage; fuzz, threads and
 # shared_embedding: the `reliability` stage). A stage whose binary is not packed fails to start.
 pack() {
@@ -71,6 +71,10 @@ pack() {
         lstm | lstm-learner | charlm)
             cargo build --release --features cuda -p lstm-example --bin "$name" \
                 && src="${CARGO_TARGET_DIR:-target}/release/$name" ;;
+        # Eager DDP on stock burn-cuda (Burn's `distributed` feature): a workspace of its own.
+        stock_ddp)
+            (cd "$here/../bench/stock-ddp" && CARGO_TARGET_DIR="$here/../target/stock-ddp" cargo build --release) \
+                && src="$here/../target/stock-ddp/release/stock-ddp" ;;
         *) echo "unknown binary $name"; exit 2 ;;
         esac
         [ -n "$src" ] && [ -f "$src" ] || { echo "build of $name failed"; exit 1; }
@@ -228,7 +232,7 @@ run() {
     # when each has its own GPU_CHECK_BIN: a binary is not rewritten while it runs.
     local bin=${GPU_CHECK_BIN:-/tmp/gpu-check-bin}
     mkdir -p "$bin"
-    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed gpu_matmul runtime_eager_bench gpu_conformance gpu_precision lstm lstm-learner charlm fuzz threads shared_embedding; do
+    for name in gpu_runtime gpu_capture gpu_trainer gpu_graph_speed gpu_matmul runtime_eager_bench gpu_conformance gpu_precision stock_ddp lstm lstm-learner charlm fuzz threads shared_embedding; do
         if [ -f "$dir/$name.xz" ]; then
             xz -dc "$dir/$name.xz" >"$bin/$name" 2>/dev/null \
                 || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$dir/$name.xz" >"$bin/$name"
@@ -606,7 +610,8 @@ nccl_setup() {
 # With two GPUs or more, then the two_gpus tests and their memcheck. Then alone, so that
 # nothing shares the GPUs while they are timed (unless DDP_SPEED=0): the speed bench's
 # plain and one-rank data-parallel steps, and with two GPUs the two-rank ones, at
-# DDP_SIZES (default 32/64/256).
+# DDP_SIZES (default 32/64/256); then eager DDP on stock burn-cuda (Burn's own
+# `distributed` machinery, `bench/stock-ddp`) on every GPU, if `stock_ddp` is packed.
 ddp_stage() {
     nccl_setup
     cubecl_setup
@@ -647,11 +652,24 @@ ddp_stage() {
             "${DDP_STACKS:-$stacks}") >"$out/ddp-speed.log" 2>&1
         status[ddp_speed]=$?
         cubecl_save
+        # Eager DDP on stock burn-cuda (Burn's own machinery), on every GPU, without and
+        # with fusion (stock_ddp packed).
+        if [ -x "$bin/stock_ddp" ]; then
+            local size fusion
+            for size in ${DDP_SIZES:-32/64/256}; do
+                for fusion in "" --fusion; do
+                    # shellcheck disable=SC2086 # $fusion is one flag or none
+                    timeout "${STOCK_DDP_TIMEOUT:-300}" "$bin/stock_ddp" --world "$world" --size "$size" $fusion \
+                        >>"$out/ddp-speed.log" 2>&1
+                    status[stock_ddp${fusion}]=$?
+                done
+            done
+        fi
     fi
     grep -hE "^test .*(ok|FAILED)$|one rank|two ranks|round [0-9]|rank [0-9][:,]|panicked|ERROR SUMMARY|test result" \
         "$out"/ddp-tests.log "$out"/memcheck-ddp.log "$out"/two-gpus.log "$out"/memcheck-two-gpus.log 2>/dev/null
     grep -h "anchor\|torch" "$out/torch-ddp.log" 2>/dev/null
-    [ -f "$out/ddp-speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/ddp-speed.log"
+    [ -f "$out/ddp-speed.log" ] && sed -n '/^| b\/t\/h/,$p' "$out/ddp-speed.log" && grep -h stock-ddp "$out/ddp-speed.log"
 }
 
 # Issue 12's start-up report: the sunspot example (`lstm`, STARTUP_ARGS, default one
