@@ -652,16 +652,18 @@ ddp_stage() {
             "${DDP_STACKS:-$stacks}") >"$out/ddp-speed.log" 2>&1
         status[ddp_speed]=$?
         cubecl_save
-        # Eager DDP on stock burn-cuda (Burn's own machinery), on every GPU, without and
-        # with fusion (stock_ddp packed).
+        # Eager DDP through Burn's own machinery, on every GPU, without and with fusion
+        # (stock_ddp packed): on stock burn-cuda, then on this crate's runtime.
         if [ -x "$bin/stock_ddp" ]; then
-            local size fusion
+            local size fusion runtime
             for size in ${DDP_SIZES:-32/64/256}; do
-                for fusion in "" --fusion; do
-                    # shellcheck disable=SC2086 # $fusion is one flag or none
-                    timeout "${STOCK_DDP_TIMEOUT:-300}" "$bin/stock_ddp" --world "$world" --size "$size" $fusion \
-                        >>"$out/ddp-speed.log" 2>&1
-                    status[stock_ddp${fusion}]=$?
+                for runtime in stock ours; do
+                    for fusion in "" --fusion; do
+                        # shellcheck disable=SC2086 # $fusion is one flag or none
+                        (cd "$cubecl_dir" && timeout "${STOCK_DDP_TIMEOUT:-300}" "$bin/stock_ddp" --world "$world" \
+                            --size "$size" --runtime "$runtime" $fusion) >>"$out/ddp-speed.log" 2>&1
+                        status[burn_ddp_${runtime}${fusion}]=$?
+                    done
                 done
             done
         fi

@@ -3,11 +3,14 @@
 //! through NCCL inside `backward`), one thread per GPU: the issue's "eager DDP on stock
 //! burn-cuda" reference for `gpu_graph_speed`'s `ddp2` stacks.
 //!
-//! `stock_ddp [--world N] [--size b/t/h] [--fusion]`: N GPUs (default: all), each with a
-//! batch of b sequences of t steps, hidden size h (default 32/64/256), input size 32,
-//! `nn::Lstm` + `Linear`, MSE, Burn's Adam. Prints one JSON line: rank 0's milliseconds
-//! per step (pipelined: rounds of steps with one host read each, the median of five),
-//! as `gpu_graph_speed` times its steps.
+//! `stock_ddp [--world N] [--size b/t/h] [--fusion] [--runtime ours]`: N GPUs (default:
+//! all), each with a batch of b sequences of t steps, hidden size h (default 32/64/256),
+//! input size 32, `nn::Lstm` + `Linear`, MSE, Burn's Adam. Prints one JSON line: rank 0's
+//! milliseconds per step (pipelined: rounds of steps with one host read each, the median
+//! of five), as `gpu_graph_speed` times its steps, and its first and last losses.
+//! `--runtime ours` runs the same on this crate's runtime (`Autodiff<CudaFused>`, or
+//! `CudaCube` without `--fusion`): Burn's own DDP path through `CudaGraphRuntime`'s
+//! `ServerCommunication` (NCCL).
 
 use std::time::Instant;
 
@@ -65,8 +68,9 @@ const WARMUP: usize = 5;
 const ROUNDS: usize = 5;
 const ROUND_LEN: usize = 10;
 
-/// Rank `rank`'s training loop; rank 0 returns its timing (ms per step).
-fn rank<B>(rank: usize, device: B::Device, size: Size) -> Option<f64>
+/// Rank `rank`'s training loop; rank 0 returns its timing (ms per step) and its first and
+/// last losses.
+fn rank<B>(rank: usize, device: B::Device, size: Size) -> Option<(f64, f32, f32)>
 where
     B: AutodiffBackend + DistributedBackend,
 {
@@ -80,12 +84,15 @@ where
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         (optimizer.step(1e-3, model, grads), loss)
     };
+    let mut first = None;
     for _ in 0..WARMUP {
         let (next, loss) = step(model);
         model = next;
-        let _ = loss.into_scalar();
+        let loss: f32 = loss.into_scalar().elem();
+        first = first.or(Some(loss));
     }
     let mut rounds = Vec::new();
+    let mut final_loss = f32::NAN;
     for _ in 0..ROUNDS {
         let start = Instant::now();
         let mut last = None;
@@ -94,23 +101,30 @@ where
             model = next;
             last = Some(loss);
         }
-        let _ = last.expect("a step").into_scalar();
+        let loss: f32 = last.expect("a step").into_scalar().elem();
         rounds.push(start.elapsed().as_secs_f64() * 1e3 / ROUND_LEN as f64);
+        final_loss = loss;
     }
     rounds.sort_by(f64::total_cmp);
-    (rank == 0).then(|| rounds[rounds.len() / 2])
+    (rank == 0).then(|| {
+        (
+            rounds[rounds.len() / 2],
+            first.expect("a warmup step"),
+            final_loss,
+        )
+    })
 }
 
-fn run<B>(world: usize, size: Size, stack: &str)
+fn run<B>(world: usize, size: Size, stack: &str, device: impl Fn(usize) -> B::Device)
 where
-    B: AutodiffBackend<Device = CudaDevice> + DistributedBackend,
+    B: AutodiffBackend + DistributedBackend,
 {
-    let devices: Vec<CudaDevice> = (0..world).map(CudaDevice::new).collect();
+    let devices: Vec<B::Device> = (0..world).map(device).collect();
     let config = DistributedConfig {
         all_reduce_op: ReduceOperation::Mean,
     };
     B::start_communication_server(&devices, config);
-    let ms = std::thread::scope(|scope| {
+    let (ms, first, last) = std::thread::scope(|scope| {
         let handles: Vec<_> = devices
             .iter()
             .enumerate()
@@ -126,7 +140,8 @@ where
     println!(
         "{}",
         serde_json::json!({"bench": "stock-ddp", "world": world, "size": format!("{}/{}/{}", size.b, size.t, size.h),
-                           "stack": stack, "mode": "eager", "pipelined_ms": ms})
+                           "stack": stack, "mode": "eager", "pipelined_ms": ms,
+                           "first_loss": first, "last_loss": last})
     );
 }
 
@@ -147,13 +162,28 @@ fn main() {
         t: parts[1],
         h: parts[2],
     };
-    if args.iter().any(|a| a == "--fusion") {
-        run::<Autodiff<burn::backend::Cuda>>(world, size, "stock burn-cuda (fusion)");
-    } else {
-        run::<Autodiff<burn_cubecl::CubeBackend<cubecl_cuda::CudaRuntime, f32, i32, u8>>>(
+    let fusion = args.iter().any(|a| a == "--fusion");
+    let ours = value("--runtime").as_deref() == Some("ours");
+    let stock = CudaDevice::new;
+    let graph = burn_graph_capture::runtime::CudaGraphDevice::new;
+    match (ours, fusion) {
+        (false, true) => {
+            run::<Autodiff<burn::backend::Cuda>>(world, size, "stock burn-cuda (fusion)", stock)
+        }
+        (false, false) => run::<
+            Autodiff<burn_cubecl::CubeBackend<cubecl_cuda::CudaRuntime, f32, i32, u8>>,
+        >(world, size, "stock burn-cuda (no fusion)", stock),
+        (true, true) => run::<Autodiff<burn_graph_capture::CudaFused>>(
             world,
             size,
-            "stock burn-cuda (no fusion)",
-        );
+            "CudaGraphRuntime (CudaFused)",
+            graph,
+        ),
+        (true, false) => run::<Autodiff<burn_graph_capture::CudaCube>>(
+            world,
+            size,
+            "CudaGraphRuntime (CudaCube)",
+            graph,
+        ),
     }
 }

@@ -36,6 +36,14 @@ impl<B: Backend> BackendTypes for GraphCapture<B> {
 /// step from one that would replay wrongly.
 pub type TrainBackend<G> = burn::backend::Autodiff<GraphCapture<G>>;
 
+/// With Burn's `distributed` feature (this crate's feature of that name), `Autodiff<B>`
+/// needs `B: DistributedBackend`. The decorator takes the trait's defaults: a trainer's
+/// data-parallel steps average through this crate's collectives
+/// (`GraphBackend::all_reduce_mean`), not Burn's sync server, and Burn's own strategy
+/// runs on `Autodiff<CudaFused>`, whose backends implement the trait.
+#[cfg(feature = "distributed")]
+impl<B: super::GraphBackend> burn_backend::distributed::DistributedBackend for GraphCapture<B> {}
+
 /// Records a host-level call that breaks captures.
 fn record_breaker(op: &'static str, kind: BreakerKind) {
     if session::is_recording() {
