@@ -34,7 +34,9 @@ pub struct TrainerReport {
     /// Wall time spent capturing graphs, in milliseconds.
     pub capture_ms: f64,
     /// Host time spent on each step's checks before its work began (listing, checking
-    /// and keying the batch, the share registry, the plan), in milliseconds, summed.
+    /// and keying the batch, the share registry, the plan; in data-parallel training
+    /// also the ranks' agreement, and a replay's copy of the batch, made before it), in
+    /// milliseconds, summed.
     pub check_ms: f64,
     /// Bytes pinned in the arena for parameters and optimizer state.
     pub pinned_bytes: u64,
