@@ -241,36 +241,22 @@ unsafe fn queue_one(
     let (src, dst) = (transfer.src as *const c_void, transfer.dst as *mut c_void);
     let float = sys::ncclDataType_t::ncclFloat32;
     let count = transfer.count;
-    // SAFETY: as the caller vouches.
-    unsafe {
-        match op {
-            CollectiveOp::Mean => result::all_reduce(
-                src,
-                dst,
-                count,
-                float,
-                sys::ncclRedOp_t::ncclAvg,
-                comm,
-                stream as _,
-            )
-            .map_err(|err| nccl_err("ncclAllReduce", err)),
-            CollectiveOp::Sum => result::all_reduce(
-                src,
-                dst,
-                count,
-                float,
-                sys::ncclRedOp_t::ncclSum,
-                comm,
-                stream as _,
-            )
-            .map_err(|err| nccl_err("ncclAllReduce", err)),
-            CollectiveOp::Broadcast { root } => {
+    let reduce = match op {
+        CollectiveOp::Mean => sys::ncclRedOp_t::ncclAvg,
+        CollectiveOp::Sum => sys::ncclRedOp_t::ncclSum,
+        CollectiveOp::Broadcast { root } => {
+            // SAFETY: as the caller vouches.
+            return unsafe {
                 result::broadcast(src, dst, count, float, root as i32, comm, stream as _)
-                    .map_err(|err| nccl_err("ncclBroadcast", err))
             }
+            .map(|_| ())
+            .map_err(|err| nccl_err("ncclBroadcast", err));
         }
-    }
-    .map(|_| ())
+    };
+    // SAFETY: as the caller vouches.
+    unsafe { result::all_reduce(src, dst, count, float, reduce, comm, stream as _) }
+        .map(|_| ())
+        .map_err(|err| nccl_err("ncclAllReduce", err))
 }
 
 fn nccl_err(call: &'static str, err: result::NcclError) -> CaptureError {

@@ -241,7 +241,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let started = Instant::now();
         let recorded = self.record(learner, step_fn, random, key, batch, inputs, device, rank);
         let recorded = match rank {
-            Some(rank) => self.agree_launch(learner, key, recorded, rank)?,
+            Some(rank) => self.agree_launch(key, recorded, rank),
             None => recorded,
         };
         let step = recorded.inspect_err(|_| {
@@ -352,17 +352,12 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// recording came out. When a peer's did not succeed, this rank's graph is kept
     /// unlaunched (the next step replays it, if every rank can) and this step runs
     /// eagerly like the peer's.
-    fn agree_launch<M, O>(
+    fn agree_launch(
         &mut self,
-        learner: &mut Learner<M, O>,
         key: &InputKey,
         recorded: Result<CapturedStep<G, T>, Fallback>,
         rank: &Rank,
-    ) -> Result<Result<CapturedStep<G, T>, Fallback>, Fallback>
-    where
-        M: AutodiffModule<TrainBackend<G>>,
-        O: CapturableOptimizer<M, TrainBackend<G>>,
-    {
+    ) -> Result<CapturedStep<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,
             Err(Fallback::Step(error)) => CaptureOutcome::Failed(error.to_string()),
@@ -370,20 +365,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
                 CaptureOutcome::Fallback(reason.clone())
             }
         };
-        let verdict = rank.agree_launch(&own).map_err(|error| {
-            if let Some(pins) = &self.pins {
-                learner.update(|model, optimizer| pins.reseat(model, optimizer));
-            }
-            Fallback::Step(error)
-        })?;
-        Ok(match (verdict, recorded) {
+        let verdict = rank.agree_launch(&own).map_err(Fallback::Step)?;
+        match (verdict, recorded) {
             (None, recorded) => recorded,
             (Some(reason), Ok(step)) => {
                 self.cache.captured(key, step);
                 Err(Fallback::Once(reason))
             }
             (Some(_), Err(own)) => Err(own),
-        })
+        }
     }
 
     /// Checks the pins and copies `inputs` into the static inputs of `key`'s graph: what
