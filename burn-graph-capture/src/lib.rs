@@ -34,8 +34,8 @@ pub use backend::{
 pub use backend::{CudaCube, CudaFused};
 pub use dist::{DataParallel, DataParallelConfig, DistError, RankLink, RankMember};
 pub use step::{
-    FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepError, StepInput, StepMode,
-    StepOutcome, StepOutput, TrainerReport,
+    FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepChange, StepError, StepInput,
+    StepMode, StepOutcome, StepOutput, TrainerReport,
 };
 
 /// `#[derive(StepInput)]` for batch structs; see [`StepInput`](trait@StepInput).

@@ -333,6 +333,9 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
     let mut trainer = GraphTrainer::new(model, adam(), closure, config);
     let mut trace = Trace::default();
     let mut kept = Vec::new();
+    // Whether the two trainers still hold the same buffers: until a step of either (its
+    // update moves every parameter) or a reload (an upload) parts them.
+    let mut parted = second.is_none();
     for (index, event) in program.events.iter().enumerate() {
         match *event {
             Event::Step { batch, time } => {
@@ -342,10 +345,11 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
                 check_reason(
                     &outcome.mode,
                     flags,
-                    second.is_some(),
+                    second.is_some() && !parted,
                     G::supports_hardware_graphs(&device) && capture,
                 )
                 .map_err(|e| format!("event {index}: {e}"))?;
+                parted = true;
                 let loss: f32 = outcome.output.into_scalar().elem();
                 trace.losses.push(loss.to_bits());
                 let detail = format!("{:?} loss {loss}", outcome.mode);
@@ -371,6 +375,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             Event::Reload => {
                 let bytes = to_bytes(trainer.model().ok_or("model missing")?.clone());
                 trainer.put_model(load_bytes(template.clone(), bytes, &device));
+                parted = true;
             }
             Event::EagerWork(size) => {
                 eager_work::<G, _>(trainer.model().ok_or("model missing")?, size)
@@ -380,15 +385,17 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
                     let outcome = second
                         .step(subject.batch(index, 4, 4))
                         .map_err(|e| format!("event {index}: second trainer refused: {e}"))?;
-                    if !matches!(
+                    let shared = matches!(
                         outcome.mode,
                         StepMode::Eager(FallbackReason::SharedWithTrainer(_))
-                    ) {
+                    );
+                    if shared == parted {
                         return Err(format!(
-                            "event {index}: second trainer ran {:?}",
+                            "event {index}: second trainer ran {:?} (parted: {parted})",
                             outcome.mode
                         ));
                     }
+                    parted = true;
                 }
             }
             Event::DropSecond => second = None,
@@ -444,19 +451,19 @@ fn eager_work<G: GraphBackend, M: AutodiffModule<T<G>>>(model: &M, size: usize) 
 fn check_reason(
     mode: &StepMode,
     flags: Flags,
-    second_alive: bool,
+    sharing: bool,
     hardware: bool,
 ) -> Result<(), String> {
     // Random draws come from the trainer's device generator: they break nothing.
     let breakers = flags.host_read;
     let ok = match mode {
-        StepMode::Captured | StepMode::Replayed => hardware && !breakers && !second_alive,
+        StepMode::Captured | StepMode::Replayed => hardware && !breakers && !sharing,
         StepMode::Eager(reason) => match reason {
-            FallbackReason::SharedWithTrainer(_) => second_alive,
-            _ if second_alive => false,
-            FallbackReason::Warmup
-            | FallbackReason::GraphCacheFull
-            | FallbackReason::ModelReplaced => true,
+            FallbackReason::SharedWithTrainer(_) => sharing,
+            _ if sharing => false,
+            FallbackReason::Warmup | FallbackReason::ModelReplaced => true,
+            // Graphs are checked against an eager step every `verify_every` replays.
+            FallbackReason::ReplayCheck => hardware && !breakers,
             FallbackReason::NoHardwareGraphs => !hardware && !breakers,
             FallbackReason::CaptureDisabled => !hardware,
             // Parameters a reload left laid out as uploads (pitched rows), not as pinned.
@@ -469,7 +476,7 @@ fn check_reason(
         Ok(())
     } else {
         Err(format!(
-            "unexpected mode {mode:?} (flags {flags:?}, second alive {second_alive}, \
+            "unexpected mode {mode:?} (flags {flags:?}, sharing {sharing}, \
              hardware graphs {hardware})"
         ))
     }

@@ -26,7 +26,7 @@ use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::mapping::{Grads, Inner, ParamStates, RuleMapper, StateInit};
+use super::mapping::{Grads, Inner, ParamStates, RuleMapper, StateInit, param_sizes};
 use super::{CapturableOptimizer, CapturableRecord, DeviceScalars, StateSlot, UpdateRule};
 
 /// A capturable optimizer: the rule `R` (SGD, Adam, AdamW) and all its state on the
@@ -83,6 +83,20 @@ where
         });
     }
 
+    /// Makes the state fit `module`: drops the state of parameters it lacks or has
+    /// resized, then creates zero state where it is missing. See
+    /// [`CapturableOptimizer::fit_state`].
+    pub fn fit_state<M: AutodiffModule<B>>(&mut self, module: &M) {
+        let sizes = param_sizes(module);
+        self.states.retain(|id, state| {
+            let size = state.first().map(|tensor| tensor.shape().num_elements());
+            sizes
+                .get(id)
+                .is_some_and(|&numel| size.is_none_or(|s| s == numel))
+        });
+        self.init_state(module);
+    }
+
     /// One update with the learning rate in the lr tensor. See
     /// [`CapturableOptimizer::step`].
     pub fn step<M: AutodiffModule<B>>(&mut self, module: M, grads: GradientsParams) -> M {
@@ -136,6 +150,10 @@ where
 
     fn init_state(&mut self, module: &M) {
         Capturable::init_state(self, module);
+    }
+
+    fn fit_state(&mut self, module: &M) {
+        Capturable::fit_state(self, module);
     }
 
     fn step(&mut self, module: M, grads: GradientsParams) -> M {

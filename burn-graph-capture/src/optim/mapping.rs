@@ -68,6 +68,21 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for StateInit<'_, Inner<B>> {
     }
 }
 
+/// Every float parameter's number of elements, by id.
+pub(crate) fn param_sizes<B: AutodiffBackend, M: burn::module::Module<B>>(
+    module: &M,
+) -> BTreeMap<ParamId, usize> {
+    struct Sizes(BTreeMap<ParamId, usize>);
+    impl<B: Backend> ModuleVisitor<B> for Sizes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.insert(param.id, param.val().shape().num_elements());
+        }
+    }
+    let mut sizes = Sizes(BTreeMap::new());
+    module.visit(&mut sizes);
+    sizes.0
+}
+
 /// Applies `rule` with this step's `terms` to every parameter that has a gradient.
 pub(crate) struct RuleMapper<'a, B: AutodiffBackend, R: UpdateRule<Inner<B>>> {
     pub(crate) rule: &'a R,

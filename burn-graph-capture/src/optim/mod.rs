@@ -73,6 +73,18 @@ where
     /// Creates the state of every float parameter of `module` that has none yet.
     fn init_state(&mut self, module: &M);
 
+    /// Makes the state fit `module`, whose structure changed (a parameter resized under
+    /// its id, added or removed; `GraphTrainer::put_model`): the state of parameters it
+    /// lacks or resized is dropped, and zero state is created where it is missing, as
+    /// [`init_state`](Self::init_state) does. The learning rate and step count stay.
+    ///
+    /// The default only creates missing state; the trainer then refuses steps with
+    /// `StepError::OptimizerStateMismatch` while state of another size or of removed
+    /// parameters remains.
+    fn fit_state(&mut self, module: &M) {
+        self.init_state(module);
+    }
+
     /// Applies one update to every parameter that has a gradient in `grads`.
     fn step(&mut self, module: M, grads: GradientsParams) -> M;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::guard;
 use super::input::InputKey;
-use super::mode::FallbackReason;
+use super::mode::{FallbackReason, StepChange};
 use crate::backend::{CaptureBreaker, ExternalRead, OpSignature};
 
 /// What one recorded step did, as far as graph decisions go.
@@ -36,12 +36,70 @@ impl Observation {
         let before = previous.map(|p| p.unaccounted.as_slice());
         guard::check_constants(before, &self.unaccounted).err()
     }
+
+    /// What this step did differently from the graph that recorded `graph`, if
+    /// anything: a breaker, the first op that differs (and how), or a tensor read from
+    /// outside that is not the graph's (a constant replaced since the capture).
+    pub(crate) fn change_from(&self, graph: &Observation) -> Option<StepChange> {
+        if let Some(breaker) = self.breakers.first() {
+            return Some(StepChange::Breaker(breaker.clone()));
+        }
+        if let Some(index) = graph.signature.first_difference(&self.signature) {
+            let (recorded, now) = (graph.signature.ops(), self.signature.ops());
+            return Some(match (recorded.get(index), now.get(index)) {
+                (Some(recorded), Some(now)) if recorded.op != now.op => StepChange::OtherOp {
+                    index,
+                    graph: recorded.op.into(),
+                    step: now.op.into(),
+                },
+                (Some(_), Some(now)) if recorded[index].inputs != now.inputs => {
+                    StepChange::InputShapes {
+                        index,
+                        op: now.op.into(),
+                    }
+                }
+                (Some(_), Some(now)) => StepChange::HostValues {
+                    index,
+                    op: now.op.into(),
+                },
+                _ => StepChange::OpCount {
+                    graph: recorded.len(),
+                    step: now.len(),
+                },
+            });
+        }
+        match guard::check_constants(Some(&graph.unaccounted), &self.unaccounted) {
+            Err(FallbackReason::UnlistedInput { op, shape, dtype }) => {
+                Some(StepChange::Read { op, shape, dtype })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A graph with what its step did when it was recorded.
 pub(crate) trait Recorded {
     /// The recorded step's observation.
     fn observation(&self) -> &Observation;
+}
+
+/// Why a graph must match an eager step before it replays again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The model was put back (`put_model`).
+    ModelReplaced,
+    /// It replayed `verify_every` times since it was last checked.
+    Periodic,
+}
+
+impl Check {
+    /// The mode reason of the eager step that checks it.
+    fn reason(self) -> FallbackReason {
+        match self {
+            Check::ModelReplaced => FallbackReason::ModelReplaced,
+            Check::Periodic => FallbackReason::ReplayCheck,
+        }
+    }
 }
 
 /// Where one input shape stands.
@@ -54,13 +112,31 @@ pub(crate) enum Phase<G> {
     },
     /// Warmup verified a static step; the next step may be captured if it does the same.
     Ready(Observation),
-    /// A graph recorded for this shape.
-    Captured(G),
-    /// A graph whose model was replaced: the next step runs eagerly and must do what
-    /// the graph recorded before the graph replays again.
-    Suspect(G),
+    /// A graph recorded for this shape, and its replays since it was last checked.
+    Captured { graph: G, replays: usize },
+    /// A graph whose next step runs eagerly and must do what the graph recorded before
+    /// the graph replays again.
+    Suspect { graph: G, check: Check },
     /// This shape runs eagerly for good.
     Disabled(FallbackReason),
+}
+
+impl<G> Phase<G> {
+    fn graph(&self) -> Option<&G> {
+        match self {
+            Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => Some(graph),
+            _ => None,
+        }
+    }
+}
+
+/// One input shape: its phase, when it was last planned, and how often its warmup
+/// started over since it last got a graph.
+#[derive(Debug)]
+struct Entry<G> {
+    phase: Phase<G>,
+    used: u64,
+    restarts: usize,
 }
 
 /// What the trainer should do for one step.
@@ -74,145 +150,291 @@ pub(crate) enum Plan {
     Capture,
     /// Replay this shape's graph.
     Replay,
-    /// Run eagerly inside a session and compare with the shape's graph.
-    Verify,
+    /// Run eagerly inside a session and compare with the shape's graph; the step's mode
+    /// reason, if it matches.
+    Verify(FallbackReason),
 }
 
-/// The phase after `done` warmup steps that all did what `last` did.
-fn warming<G>(done: usize, last: Observation, warmup_steps: usize) -> Phase<G> {
-    if done >= warmup_steps {
-        Phase::Ready(last)
-    } else {
-        Phase::Warming {
-            done,
-            seen: Some(last),
-        }
+/// How a [`GraphCache`] decides.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheLimits {
+    /// Most graphs alive at once; the least recently used one makes room for another.
+    pub(crate) max_graphs: usize,
+    /// Eager steps per shape before its capture.
+    pub(crate) warmup_steps: usize,
+    /// Times a shape's warmup may start over (a step unlike the ones before) before the
+    /// shape stays eager.
+    pub(crate) max_restarts: usize,
+    /// Replays between two checks of a graph against an eager step; 0: never.
+    pub(crate) verify_every: usize,
+}
+
+/// Shapes without a graph remembered at most: beyond it, the least recently used of
+/// them is forgotten (and warms up again if it comes back).
+const MAX_SHAPES_WITHOUT_GRAPH: usize = 64;
+
+/// A phase to hold while the real one is moved out.
+fn placeholder<G>() -> Phase<G> {
+    Phase::Warming {
+        done: 0,
+        seen: None,
     }
 }
 
 /// The graphs of one trainer, keyed by input shape, bounded in number.
 #[derive(Debug)]
 pub(crate) struct GraphCache<G> {
-    entries: HashMap<InputKey, Phase<G>>,
-    max_entries: usize,
-    warmup_steps: usize,
+    entries: HashMap<InputKey, Entry<G>>,
+    limits: CacheLimits,
+    /// Counts plans, to find the least recently used shape.
+    clock: u64,
+    /// Graphs dropped to make room for another shape's.
+    evictions: usize,
 }
 
 impl<G: Recorded> GraphCache<G> {
-    pub(crate) fn new(max_entries: usize, warmup_steps: usize) -> Self {
+    pub(crate) fn new(limits: CacheLimits) -> Self {
         Self {
             entries: HashMap::new(),
-            max_entries,
-            warmup_steps,
+            limits: CacheLimits {
+                warmup_steps: limits.warmup_steps.max(1),
+                ..limits
+            },
+            clock: 0,
+            evictions: 0,
+        }
+    }
+
+    /// The phase after `done` warmup steps that all did what `last` did.
+    fn warming(&self, done: usize, last: Observation) -> Phase<G> {
+        if done >= self.limits.warmup_steps {
+            Phase::Ready(last)
+        } else {
+            Phase::Warming {
+                done,
+                seen: Some(last),
+            }
+        }
+    }
+
+    /// The phase after a step that did not do what the steps before it did: its warmup
+    /// starts over with this step as the first, so that work done once (a constant built
+    /// lazily on first use, an anchor that parts from the trainer's buffers after the
+    /// first update) settles. After `max_restarts` restarts the shape stays eager for
+    /// `reason`. A step that cannot be graphed itself (a breaker) starts it over empty.
+    fn restarted(&self, restarts: usize, step: Observation, reason: FallbackReason) -> Phase<G> {
+        if restarts > self.limits.max_restarts {
+            return Phase::Disabled(reason);
+        }
+        if step.verdict(None).is_some() {
+            return placeholder();
+        }
+        // Counted as a warmup step, except where it would be the last: the last one
+        // must run on the pins (`Graphs::rehearsal_inputs`).
+        Phase::Warming {
+            done: 1.min(self.limits.warmup_steps - 1),
+            seen: Some(step),
         }
     }
 
     /// Decides how the step for `key` runs. `hardware` tells whether graphs exist.
     pub(crate) fn plan(&mut self, key: &InputKey, hardware: bool) -> Plan {
+        self.clock += 1;
         if !self.entries.contains_key(key) {
-            if self.entries.len() >= self.max_entries {
-                return Plan::Eager(FallbackReason::GraphCacheFull);
-            }
-            self.entries.insert(
-                key.clone(),
-                Phase::Warming {
-                    done: 0,
-                    seen: None,
-                },
-            );
+            self.forget_one_without_graph();
+            let entry = Entry {
+                phase: placeholder(),
+                used: 0,
+                restarts: 0,
+            };
+            self.entries.insert(key.clone(), entry);
         }
-        match &self.entries[key] {
+        let verify_every = self.limits.verify_every;
+        let entry = self.entries.get_mut(key).expect("inserted above");
+        entry.used = self.clock;
+        if let Phase::Captured { replays, .. } = &entry.phase
+            && verify_every > 0
+            && *replays >= verify_every
+            && let Phase::Captured { graph, .. } =
+                std::mem::replace(&mut entry.phase, placeholder())
+        {
+            let check = Check::Periodic;
+            entry.phase = Phase::Suspect { graph, check };
+        }
+        match &mut entry.phase {
             Phase::Warming { .. } => Plan::Warmup,
-            Phase::Ready(_) if hardware => Plan::Capture,
-            Phase::Ready(_) => Plan::Eager(FallbackReason::NoHardwareGraphs),
-            Phase::Captured(_) => Plan::Replay,
-            Phase::Suspect(_) => Plan::Verify,
+            Phase::Ready(_) if !hardware => Plan::Eager(FallbackReason::NoHardwareGraphs),
+            Phase::Ready(_) => self.make_room(key),
+            Phase::Captured { replays, .. } => {
+                *replays += 1;
+                Plan::Replay
+            }
+            Phase::Suspect { check, .. } => Plan::Verify(check.reason()),
             Phase::Disabled(reason) => Plan::Eager(reason.clone()),
         }
     }
 
-    /// Records a warmup step. Returns the reason if it disabled the shape.
+    /// A capture for `key`, once a graph slot is free: the least recently used other
+    /// graph is dropped when all are taken (its shape captures again when it comes back).
+    fn make_room(&mut self, key: &InputKey) -> Plan {
+        if self.limits.max_graphs == 0 {
+            return Plan::Eager(FallbackReason::GraphCacheFull);
+        }
+        if self.graphs_alive() >= self.limits.max_graphs {
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(other, entry)| *other != key && entry.phase.graph().is_some())
+                .min_by_key(|(_, entry)| entry.used)
+                .map(|(other, _)| other.clone());
+            if let Some(victim) = victim {
+                tracing::debug!(key = ?victim, "graph cache full: the least recently used graph makes room");
+                self.drop_graph(&victim);
+                self.evictions += 1;
+            }
+        }
+        Plan::Capture
+    }
+
+    /// Forgets the least recently used shape without a graph, if too many are kept.
+    fn forget_one_without_graph(&mut self) {
+        let without = || {
+            self.entries
+                .iter()
+                .filter(|(_, entry)| entry.phase.graph().is_none())
+        };
+        if without().count() < MAX_SHAPES_WITHOUT_GRAPH {
+            return;
+        }
+        let oldest = without()
+            .min_by_key(|(_, entry)| entry.used)
+            .map(|(key, _)| key.clone());
+        if let Some(oldest) = oldest {
+            self.entries.remove(&oldest);
+        }
+    }
+
+    /// Sets the phase of `key` after a step that did not do what the ones before did.
+    fn restart(&mut self, key: &InputKey, step: Observation, reason: FallbackReason) {
+        let Some(restarts) = self.entries.get(key).map(|entry| entry.restarts + 1) else {
+            return;
+        };
+        let phase = self.restarted(restarts, step, reason);
+        let entry = self.entries.get_mut(key).expect("looked up above");
+        entry.phase = phase;
+        entry.restarts = restarts;
+    }
+
+    /// Records a warmup step. Returns the reason it did not count as one, if it did
+    /// not: it started the shape's warmup over, or disabled the shape.
     pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
-        let entry = self.entries.get_mut(key)?;
-        let Phase::Warming { done, seen } = entry else {
+        let Some(Phase::Warming { done, seen }) = self.entries.get(key).map(|entry| &entry.phase)
+        else {
             return None;
         };
-        let verdict = step.verdict(seen.as_ref());
-        *entry = match verdict.clone() {
-            Some(reason) => Phase::Disabled(reason),
-            None => warming(*done + 1, step, self.warmup_steps),
-        };
-        verdict
+        match step.verdict(seen.as_ref()) {
+            None => {
+                let phase = self.warming(done + 1, step);
+                self.entries.get_mut(key).expect("looked up above").phase = phase;
+                None
+            }
+            Some(reason) => {
+                self.restart(key, step, reason.clone());
+                Some(reason)
+            }
+        }
     }
 
     /// Whether the next step of `key` is its last warmup step (the one before capture).
     pub(crate) fn last_warmup(&self, key: &InputKey) -> bool {
-        matches!(self.entries.get(key), Some(Phase::Warming { done, .. }) if done + 1 >= self.warmup_steps)
+        matches!(
+            self.entries.get(key).map(|entry| &entry.phase),
+            Some(Phase::Warming { done, .. }) if done + 1 >= self.limits.warmup_steps
+        )
     }
 
     /// What the warmup steps of `key` did, once it is ready for capture.
     pub(crate) fn warmed_up(&self, key: &InputKey) -> Option<&Observation> {
-        match self.entries.get(key) {
+        match self.entries.get(key).map(|entry| &entry.phase) {
             Some(Phase::Ready(seen)) => Some(seen),
             _ => None,
         }
     }
 
-    /// Stores the graph captured for `key`.
+    /// Stores the graph captured for `key`; its warmup restarts are forgiven.
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
-        self.entries.insert(key.clone(), Phase::Captured(graph));
+        let used = self.clock;
+        let entry = self.entries.entry(key.clone()).or_insert(Entry {
+            phase: placeholder(),
+            used,
+            restarts: 0,
+        });
+        entry.phase = Phase::Captured { graph, replays: 0 };
+        entry.restarts = 0;
+    }
+
+    /// A capture of `key` whose recorded step did not do what warmup did: the shape's
+    /// warmup starts over from that step, as after such a warmup step.
+    pub(crate) fn capture_differed(
+        &mut self,
+        key: &InputKey,
+        step: Observation,
+        reason: FallbackReason,
+    ) {
+        self.restart(key, step, reason);
     }
 
     /// Records a verifying step of a suspect graph: the graph replays again when the
-    /// step did what it recorded; otherwise it is dropped and the step counts as the
-    /// first warmup step of a new graph. Returns the reason in that case.
+    /// step did what it recorded; otherwise it is dropped, the step counts as the first
+    /// warmup step of a new graph, and the reason says what changed.
     pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
         // A shape whose graph was dropped meanwhile keeps the phase it has now.
-        if !matches!(self.entries.get(key), Some(Phase::Suspect(_))) {
+        let entry = self.entries.get_mut(key)?;
+        if !matches!(entry.phase, Phase::Suspect { .. }) {
             return None;
         }
-        let Some(Phase::Suspect(graph)) = self.entries.remove(key) else {
+        let Phase::Suspect { graph, .. } = std::mem::replace(&mut entry.phase, placeholder())
+        else {
             unreachable!("a suspect graph: checked above");
         };
-        match step.verdict(Some(graph.observation())) {
-            None => {
-                self.entries.insert(key.clone(), Phase::Captured(graph));
-                None
-            }
-            Some(reason) => {
-                drop(graph);
-                let (phase, verdict) = match step.verdict(None) {
-                    Some(own) => (Phase::Disabled(own.clone()), own),
-                    None => (warming(1, step, self.warmup_steps), reason),
-                };
-                self.entries.insert(key.clone(), phase);
-                Some(verdict)
-            }
-        }
+        let Some(change) = step.change_from(graph.observation()) else {
+            entry.phase = Phase::Captured { graph, replays: 0 };
+            return None;
+        };
+        drop(graph);
+        entry.restarts = 0;
+        let reason = FallbackReason::GraphStale { change };
+        self.restart(key, step, reason.clone());
+        Some(reason)
     }
 
     /// Makes `key` eager for good.
     pub(crate) fn disable(&mut self, key: &InputKey, reason: FallbackReason) {
-        self.entries.insert(key.clone(), Phase::Disabled(reason));
+        let used = self.clock;
+        let entry = self.entries.entry(key.clone()).or_insert(Entry {
+            phase: placeholder(),
+            used,
+            restarts: 0,
+        });
+        entry.phase = Phase::Disabled(reason);
     }
 
     /// The graph for `key`, if one was captured.
     pub(crate) fn graph(&self, key: &InputKey) -> Option<&G> {
-        match self.entries.get(key) {
-            Some(Phase::Captured(graph)) => Some(graph),
+        match self.entries.get(key).map(|entry| &entry.phase) {
+            Some(Phase::Captured { graph, .. }) => Some(graph),
             _ => None,
         }
     }
 
     /// Marks every graph suspect: each must match an eager step before it replays.
     pub(crate) fn suspect_graphs(&mut self) {
-        for phase in self.entries.values_mut() {
-            let placeholder = Phase::Warming {
-                done: 0,
-                seen: None,
-            };
-            *phase = match std::mem::replace(phase, placeholder) {
-                Phase::Captured(graph) => Phase::Suspect(graph),
+        for entry in self.entries.values_mut() {
+            entry.phase = match std::mem::replace(&mut entry.phase, placeholder()) {
+                Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => Phase::Suspect {
+                    graph,
+                    check: Check::ModelReplaced,
+                },
                 other => other,
             };
         }
@@ -220,21 +442,19 @@ impl<G: Recorded> GraphCache<G> {
 
     /// Drops the graph of `key`, if it has one: its next step captures again.
     pub(crate) fn drop_graph(&mut self, key: &InputKey) {
-        if let Some(phase) = self.entries.get_mut(key)
-            && let Phase::Captured(graph) | Phase::Suspect(graph) = phase
+        if let Some(entry) = self.entries.get_mut(key)
+            && let Some(graph) = entry.phase.graph()
         {
-            *phase = Phase::Ready(graph.observation().clone());
+            entry.phase = Phase::Ready(graph.observation().clone());
         }
     }
 
     /// Drops every graph; their shapes get captured again at their next step.
     pub(crate) fn drop_graphs(&mut self) {
-        for phase in self.entries.values_mut() {
-            let observation = match phase {
-                Phase::Captured(graph) | Phase::Suspect(graph) => graph.observation().clone(),
-                _ => continue,
-            };
-            *phase = Phase::Ready(observation);
+        for entry in self.entries.values_mut() {
+            if let Some(graph) = entry.phase.graph() {
+                entry.phase = Phase::Ready(graph.observation().clone());
+            }
         }
     }
 
@@ -242,14 +462,16 @@ impl<G: Recorded> GraphCache<G> {
     /// to its last warmup step: the pins they would use are gone, and the next ones
     /// must be rehearsed on before a capture (`Graphs::rehearsal_inputs`).
     pub(crate) fn rewarm(&mut self) {
-        let last = self.warmup_steps.saturating_sub(1);
-        for phase in self.entries.values_mut() {
-            let observation = match phase {
-                Phase::Captured(graph) | Phase::Suspect(graph) => graph.observation().clone(),
+        let last = self.limits.warmup_steps - 1;
+        for entry in self.entries.values_mut() {
+            let observation = match &entry.phase {
+                Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => {
+                    graph.observation().clone()
+                }
                 Phase::Ready(observation) => observation.clone(),
                 _ => continue,
             };
-            *phase = Phase::Warming {
+            entry.phase = Phase::Warming {
                 done: last,
                 seen: Some(observation),
             };
@@ -263,8 +485,8 @@ impl<G: Recorded> GraphCache<G> {
 
     /// Makes every shape eager for good (dropping all graphs).
     pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
-        for phase in self.entries.values_mut() {
-            *phase = Phase::Disabled(reason.clone());
+        for entry in self.entries.values_mut() {
+            entry.phase = Phase::Disabled(reason.clone());
         }
     }
 
@@ -272,8 +494,13 @@ impl<G: Recorded> GraphCache<G> {
     pub(crate) fn graphs_alive(&self) -> usize {
         self.entries
             .values()
-            .filter(|p| matches!(p, Phase::Captured(_) | Phase::Suspect(_)))
+            .filter(|entry| entry.phase.graph().is_some())
             .count()
+    }
+
+    /// Graphs dropped so far to make room for another shape's.
+    pub(crate) fn evictions(&self) -> usize {
+        self.evictions
     }
 }
 
@@ -282,7 +509,7 @@ mod tests {
     use burn::tensor::{DType, Shape};
 
     use super::*;
-    use crate::backend::{AllocationId, BreakerKind, CaptureSession, TensorSig};
+    use crate::backend::{AllocationId, BreakerKind, CaptureSession, Recording, TensorSig};
 
     /// A stand-in graph: a name and the observation it was recorded with.
     #[derive(Debug, PartialEq)]
@@ -291,6 +518,16 @@ mod tests {
     impl Recorded for Fake {
         fn observation(&self) -> &Observation {
             &self.1
+        }
+    }
+
+    /// Limits with `max_graphs` and `warmup_steps`, 3 restarts and no periodic checks.
+    fn limits(max_graphs: usize, warmup_steps: usize) -> CacheLimits {
+        CacheLimits {
+            max_graphs,
+            warmup_steps,
+            max_restarts: 3,
+            verify_every: 0,
         }
     }
 
@@ -330,6 +567,13 @@ mod tests {
         }
     }
 
+    fn warm_reading(cache: &mut GraphCache<Fake>, key: &InputKey, steps: usize, reads: &[u64]) {
+        for _ in 0..steps {
+            assert_eq!(cache.plan(key, true), Plan::Warmup);
+            assert_eq!(cache.warmed(key, observed(2, reads)), None);
+        }
+    }
+
     fn capture(cache: &mut GraphCache<Fake>, key: &InputKey, name: &'static str) {
         assert_eq!(cache.plan(key, true), Plan::Capture);
         let seen = cache.warmed_up(key).unwrap().clone();
@@ -338,7 +582,7 @@ mod tests {
 
     #[test]
     fn warmup_then_capture_then_replay() {
-        let mut cache = GraphCache::new(4, 3);
+        let mut cache = GraphCache::new(limits(4, 3));
         warm(&mut cache, &key(8), 3);
         capture(&mut cache, &key(8), "graph");
         assert_eq!(cache.plan(&key(8), true), Plan::Replay);
@@ -348,7 +592,7 @@ mod tests {
 
     #[test]
     fn without_hardware_a_ready_shape_says_so() {
-        let mut cache = GraphCache::<Fake>::new(4, 1);
+        let mut cache = GraphCache::<Fake>::new(limits(4, 1));
         assert_eq!(cache.plan(&key(8), false), Plan::Warmup);
         cache.warmed(&key(8), observed(1, &[]));
         assert_eq!(
@@ -358,87 +602,245 @@ mod tests {
     }
 
     #[test]
-    fn a_new_shape_gets_its_own_warmup_and_graph_within_the_bound() {
-        let mut cache = GraphCache::new(2, 1);
+    fn a_full_cache_drops_its_least_recently_used_graph_for_a_new_one() {
+        let mut cache = GraphCache::new(limits(2, 1));
         warm(&mut cache, &key(8), 1);
         capture(&mut cache, &key(8), "a");
         warm(&mut cache, &key(4), 1);
         capture(&mut cache, &key(4), "b");
         assert_eq!(
-            cache.plan(&key(2), true),
-            Plan::Eager(FallbackReason::GraphCacheFull)
-        );
-        assert_eq!(cache.graphs_alive(), 2);
-        assert_eq!(
             cache.plan(&key(8), true),
             Plan::Replay,
-            "old shapes keep their graph"
+            "8 is now the newer"
+        );
+        warm(&mut cache, &key(2), 1);
+        capture(&mut cache, &key(2), "c");
+        assert_eq!(cache.graphs_alive(), 2);
+        assert_eq!(cache.evictions(), 1);
+        assert_eq!(cache.graph(&key(4)), None, "the least recently used went");
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+        assert_eq!(
+            cache.plan(&key(4), true),
+            Plan::Capture,
+            "an evicted shape captures again without warming up"
         );
     }
 
     #[test]
-    fn differing_warmup_signatures_disable_the_shape() {
-        let mut cache = GraphCache::<Fake>::new(4, 3);
+    fn shapes_without_a_graph_hold_no_slot() {
+        let mut cache = GraphCache::new(limits(1, 2));
+        // A ragged shape seen once, and one that never settles, before the frequent one.
+        warm(&mut cache, &key(3), 1);
+        cache.disable(&key(5), FallbackReason::RecaptureLimit);
+        warm(&mut cache, &key(8), 2);
+        capture(&mut cache, &key(8), "frequent");
+        assert_eq!(cache.evictions(), 0);
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+    }
+
+    #[test]
+    fn no_graph_slot_at_all_is_a_full_cache() {
+        let mut cache = GraphCache::<Fake>::new(limits(0, 1));
+        warm(&mut cache, &key(8), 1);
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Eager(FallbackReason::GraphCacheFull)
+        );
+    }
+
+    #[test]
+    fn shapes_without_a_graph_are_forgotten_beyond_their_bound() {
+        let mut cache = GraphCache::<Fake>::new(limits(1, 2));
+        for batch in 0..=MAX_SHAPES_WITHOUT_GRAPH {
+            warm(&mut cache, &key(100 + batch), 1);
+        }
+        assert_eq!(cache.entries.len(), MAX_SHAPES_WITHOUT_GRAPH);
+        assert!(!cache.entries.contains_key(&key(100)), "the oldest went");
+        assert_eq!(
+            cache.plan(&key(100), true),
+            Plan::Warmup,
+            "and warms up again"
+        );
+    }
+
+    #[test]
+    fn a_differing_warmup_step_starts_the_warmup_over_a_bounded_number_of_times() {
+        let mut cache = GraphCache::<Fake>::new(limits(4, 3));
         cache.plan(&key(8), true);
         assert_eq!(cache.warmed(&key(8), observed(2, &[])), None);
-        cache.plan(&key(8), true);
         let reason = FallbackReason::NonStaticControlFlow {
             first_difference: 2,
         };
+        // Three restarts, each with the differing step as the new first warmup step.
+        for ops in [3, 2, 3] {
+            assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+            let reason = cache.warmed(&key(8), observed(ops, &[])).unwrap();
+            assert_eq!(reason.kind(), "NonStaticControlFlow");
+        }
+        assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
         assert_eq!(
-            cache.warmed(&key(8), observed(3, &[])),
-            Some(reason.clone())
+            cache.warmed(&key(8), observed(2, &[])),
+            Some(reason.clone()),
+            "the fourth restart disables the shape"
         );
         assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
     }
 
     #[test]
-    fn a_breaker_in_warmup_disables_the_shape() {
-        let mut cache = GraphCache::<Fake>::new(4, 3);
+    fn a_step_done_once_settles_after_a_restart() {
+        let mut cache = GraphCache::<Fake>::new(limits(4, 3));
+        // Step 1 builds a constant inside the step (more ops); later steps read it.
         cache.plan(&key(8), true);
+        assert_eq!(cache.warmed(&key(8), observed(5, &[])), None);
+        cache.plan(&key(8), true);
+        assert!(cache.warmed(&key(8), observed(2, &[7])).is_some());
+        warm_reading(&mut cache, &key(8), 2, &[7]);
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
+    }
+
+    #[test]
+    fn a_restart_never_skips_the_rehearsed_last_warmup_step() {
+        let mut cache = GraphCache::<Fake>::new(limits(4, 1));
+        cache.plan(&key(8), true);
+        assert_eq!(cache.warmed(&key(8), observed(2, &[1])), None);
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
+        // A capture unlike warmup: the shape warms up again, and its next step is its
+        // last warmup step (run on the pins) before the next capture.
+        cache.capture_differed(&key(8), observed(2, &[2]), FallbackReason::Warmup);
+        assert!(cache.last_warmup(&key(8)));
+        warm_reading(&mut cache, &key(8), 1, &[2]);
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
+    }
+
+    #[test]
+    fn a_breaker_in_warmup_restarts_empty_then_disables_the_shape() {
+        let mut cache = GraphCache::<Fake>::new(limits(4, 3));
         let mut with_breaker = observed(1, &[]);
         let breaker = CaptureBreaker::new(BreakerKind::HostRead, "float_into_data");
         with_breaker.breakers.push(breaker.clone());
         let reason = FallbackReason::CaptureBreaker(breaker);
-        assert_eq!(cache.warmed(&key(8), with_breaker), Some(reason.clone()));
+        for _ in 0..4 {
+            assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+            assert_eq!(
+                cache.warmed(&key(8), with_breaker.clone()),
+                Some(reason.clone())
+            );
+        }
         assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
     }
 
     #[test]
-    fn a_read_that_changes_between_warmup_steps_disables_the_shape() {
-        let mut cache = GraphCache::<Fake>::new(4, 3);
-        cache.plan(&key(8), true);
-        assert_eq!(cache.warmed(&key(8), observed(2, &[1, 2])), None);
-        cache.plan(&key(8), true);
-        let reason = cache.warmed(&key(8), observed(2, &[1, 3])).unwrap();
-        assert_eq!(reason.kind(), "UnlistedInput");
-        assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
+    fn graphs_are_checked_every_verify_every_replays() {
+        let mut cache = GraphCache::new(CacheLimits {
+            verify_every: 3,
+            ..limits(4, 1)
+        });
+        warm(&mut cache, &key(8), 1);
+        capture(&mut cache, &key(8), "a");
+        for _ in 0..3 {
+            assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+        }
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Verify(FallbackReason::ReplayCheck)
+        );
+        assert_eq!(cache.verified(&key(8), observed(2, &[9])), None);
+        for _ in 0..3 {
+            assert_eq!(cache.plan(&key(8), true), Plan::Replay, "counted afresh");
+        }
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Verify(FallbackReason::ReplayCheck)
+        );
+        let stale = cache.verified(&key(8), observed(3, &[9])).unwrap();
+        assert_eq!(
+            stale,
+            FallbackReason::GraphStale {
+                change: StepChange::OpCount { graph: 2, step: 3 }
+            }
+        );
+        assert_eq!(cache.graphs_alive(), 0);
+        assert_eq!(cache.plan(&key(8), true), Plan::Warmup, "rehearsed again");
+    }
+
+    #[test]
+    fn a_change_names_the_op_and_what_differs() {
+        let op = |name: &'static str, scalar: f32| {
+            CaptureSession::record(|| {
+                crate::backend::session::record_op("float_add", None, |_| {});
+                crate::backend::session::record_op(name, None, |r| r.attr(&scalar));
+            })
+            .1
+        };
+        let observation = |recording: Recording, reads: &[u64]| Observation {
+            signature: recording.signature,
+            breakers: recording.breakers,
+            unaccounted: observed(0, reads).unaccounted,
+        };
+        let graph = observation(op("float_mul_scalar", 0.5), &[4]);
+        let same = observation(op("float_mul_scalar", 0.5), &[4]);
+        assert_eq!(same.change_from(&graph), None);
+        let weight = observation(op("float_mul_scalar", 0.25), &[4]);
+        assert_eq!(
+            weight.change_from(&graph),
+            Some(StepChange::HostValues {
+                index: 1,
+                op: "float_mul_scalar".into()
+            })
+        );
+        let branch = observation(op("float_div_scalar", 0.5), &[4]);
+        assert_eq!(
+            branch.change_from(&graph),
+            Some(StepChange::OtherOp {
+                index: 1,
+                graph: "float_mul_scalar".into(),
+                step: "float_div_scalar".into()
+            })
+        );
+        let replaced = observation(op("float_mul_scalar", 0.5), &[5]);
+        assert!(matches!(
+            replaced.change_from(&graph),
+            Some(StepChange::Read { op, .. }) if op == "int_reshape"
+        ));
     }
 
     #[test]
     fn a_suspect_graph_replays_again_only_after_a_matching_step() {
-        let mut cache = GraphCache::new(4, 1);
+        let mut cache = GraphCache::new(limits(4, 1));
         warm(&mut cache, &key(8), 1);
         capture(&mut cache, &key(8), "a");
         cache.suspect_graphs();
-        assert_eq!(cache.plan(&key(8), true), Plan::Verify);
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Verify(FallbackReason::ModelReplaced)
+        );
         assert_eq!(cache.verified(&key(8), observed(2, &[9])), None);
         assert_eq!(cache.plan(&key(8), true), Plan::Replay);
 
         cache.suspect_graphs();
         let reason = cache.verified(&key(8), observed(2, &[10])).unwrap();
-        assert_eq!(reason.kind(), "UnlistedInput");
+        assert!(
+            matches!(
+                &reason,
+                FallbackReason::GraphStale {
+                    change: StepChange::Read { .. }
+                }
+            ),
+            "{reason:?}"
+        );
         assert_eq!(cache.graphs_alive(), 0, "the outdated graph is dropped");
         assert_eq!(
             cache.plan(&key(8), true),
-            Plan::Capture,
-            "the verifying step was its first warmup step"
+            Plan::Warmup,
+            "the verifying step was the first of a new warmup, whose last runs on the pins"
         );
+        assert_eq!(cache.warmed(&key(8), observed(2, &[10])), None);
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
     }
 
     #[test]
     fn dropped_graphs_are_captured_again_and_disabled_shapes_stay_eager() {
-        let mut cache = GraphCache::new(4, 1);
+        let mut cache = GraphCache::new(limits(4, 1));
         warm(&mut cache, &key(8), 1);
         capture(&mut cache, &key(8), "a");
         cache.drop_graphs();
@@ -453,7 +855,7 @@ mod tests {
 
     #[test]
     fn one_dropped_graph_is_captured_again_and_the_others_stay() {
-        let mut cache = GraphCache::new(4, 1);
+        let mut cache = GraphCache::new(limits(4, 1));
         for batch in [8, 4] {
             warm(&mut cache, &key(batch), 1);
             capture(&mut cache, &key(batch), "a");
@@ -467,7 +869,7 @@ mod tests {
 
     #[test]
     fn rewarmed_shapes_run_their_last_warmup_step_before_capturing_again() {
-        let mut cache = GraphCache::new(4, 3);
+        let mut cache = GraphCache::new(limits(4, 3));
         warm(&mut cache, &key(8), 3);
         capture(&mut cache, &key(8), "a");
         warm(&mut cache, &key(4), 3);
@@ -492,11 +894,14 @@ mod tests {
 
     #[test]
     fn verifying_a_shape_whose_graph_was_dropped_keeps_its_phase() {
-        let mut cache = GraphCache::new(4, 3);
+        let mut cache = GraphCache::new(limits(4, 3));
         warm(&mut cache, &key(8), 3);
         capture(&mut cache, &key(8), "a");
         cache.suspect_graphs();
-        assert_eq!(cache.plan(&key(8), true), Plan::Verify);
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Verify(FallbackReason::ModelReplaced)
+        );
         // The verifying step's write-back dropped the graphs (the pins' layout moved).
         cache.drop_graphs();
         cache.rewarm();

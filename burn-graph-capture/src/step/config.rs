@@ -2,6 +2,8 @@
 
 use burn::config::Config;
 
+use super::cache::CacheLimits;
+
 /// Configuration of a [`GraphTrainer`](super::GraphTrainer).
 #[derive(Config, Debug, PartialEq, Eq)]
 pub struct GraphTrainerConfig {
@@ -15,9 +17,23 @@ pub struct GraphTrainerConfig {
     /// make other in-place decisions than warmup).
     #[config(default = 3)]
     pub warmup_steps: usize,
-    /// Most input shapes that get a graph; further shapes run eagerly.
+    /// Most graphs alive at once. A shape ready for a graph when all are taken drops
+    /// the least recently used one (counted in the report's `evictions`); shapes
+    /// without a graph hold none.
     #[config(default = 4)]
     pub max_graphs: usize,
+    /// Times a shape's warmup starts over when a step does not do what the ones before
+    /// it did (a constant built lazily on first use, an anchor model that parts from
+    /// the trainer's buffers after the first update) before the shape stays eager.
+    #[config(default = 3)]
+    pub max_warmup_restarts: usize,
+    /// Every this many replays of a graph, one step runs eagerly instead and is
+    /// compared with what the graph recorded (`ReplayCheck`): a replay does not call
+    /// the step closure, so a host value, branch or tensor the closure reads that
+    /// changed since the capture is found within this many steps, the graph is dropped
+    /// (`GraphStale`) and the shape warms up again. `0` never checks.
+    #[config(default = 100)]
+    pub verify_every: usize,
     /// Most times graphs are dropped and captured again after pinned buffers changed;
     /// after that the trainer stays eager.
     #[config(default = 2)]
@@ -25,8 +41,13 @@ pub struct GraphTrainerConfig {
 }
 
 impl GraphTrainerConfig {
-    /// The warmup length actually used: never less than one eager step.
-    pub(crate) fn effective_warmup(&self) -> usize {
-        self.warmup_steps.max(1)
+    /// How the graph cache decides (warmup never shorter than one eager step).
+    pub(crate) fn cache_limits(&self) -> CacheLimits {
+        CacheLimits {
+            max_graphs: self.max_graphs,
+            warmup_steps: self.warmup_steps.max(1),
+            max_restarts: self.max_warmup_restarts,
+            verify_every: self.verify_every,
+        }
     }
 }

@@ -3,8 +3,9 @@
 //! A record loaded from another model gives the optimizer state for parameters the
 //! model does not have (and none for those it has, which `init_state` then creates from
 //! zero): training would silently start over. A model put back with another structure
-//! makes every recorded step signature and pinned buffer meaningless. Both are checked
-//! here, from parameter ids and shapes only (no device work).
+//! (other ids, shapes, or trainable parameters) makes every recorded step signature and
+//! pinned buffer meaningless. Both are checked here, from parameter ids, shapes and
+//! flags only (no device work).
 
 use std::collections::{HashMap, HashSet};
 
@@ -15,24 +16,33 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use super::error::StepError;
 use crate::optim::{CapturableOptimizer, StateSlot};
 
-/// Every float parameter's id and shape, in visiting order.
-pub(crate) fn param_shapes<B: Backend, M: burn::module::Module<B>>(
-    model: &M,
-) -> Vec<(ParamId, Vec<usize>)> {
-    struct Shapes(Vec<(ParamId, Vec<usize>)>);
-    impl<B: Backend> ModuleVisitor<B> for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.push((param.id, param.val().dims().to_vec()));
-        }
-    }
-    let mut shapes = Shapes(Vec::new());
-    model.visit(&mut shapes);
-    shapes.0
-}
+/// What a model's parameters are, for telling whether recorded steps still apply:
+/// every float parameter's id, shape and whether it trains, in visiting order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Structure(Vec<(ParamId, Vec<usize>, bool)>);
 
-/// Whether two models have the same parameter shapes in the same order (ids aside).
-pub(crate) fn same_structure(a: &[(ParamId, Vec<usize>)], b: &[(ParamId, Vec<usize>)]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|((_, x), (_, y))| x == y)
+impl Structure {
+    pub(crate) fn of<B: Backend, M: burn::module::Module<B>>(model: &M) -> Self {
+        struct Visit(Vec<(ParamId, Vec<usize>, bool)>);
+        impl<B: Backend> ModuleVisitor<B> for Visit {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let value = param.val();
+                let trains = value.is_require_grad();
+                self.0.push((param.id, value.dims().to_vec(), trains));
+            }
+        }
+        let mut visit = Visit(Vec::new());
+        model.visit(&mut visit);
+        Structure(visit.0)
+    }
+
+    /// Each parameter's number of elements, by id.
+    fn sizes(&self) -> HashMap<ParamId, usize> {
+        self.0
+            .iter()
+            .map(|(id, shape, _)| (*id, shape.iter().product()))
+            .collect()
+    }
 }
 
 /// The error for an optimizer whose state does not fit `model`: state of parameters
@@ -43,10 +53,7 @@ where
     M: AutodiffModule<B>,
     O: CapturableOptimizer<M, B>,
 {
-    let sizes: HashMap<ParamId, usize> = param_shapes(model)
-        .into_iter()
-        .map(|(id, shape)| (id, shape.iter().product()))
-        .collect();
+    let sizes = Structure::of(model).sizes();
     let mut foreign = HashSet::new();
     let mut misshapen = HashSet::new();
     optimizer.visit_state(&mut |slot, tensor| {

@@ -18,7 +18,7 @@ use burn_backend::StreamId;
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 
-use super::cache::{GraphCache, Observation, Plan, Recorded};
+use super::cache::{GraphCache, Observation, Plan, Recorded as HasObservation};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::guard::Accounted;
@@ -46,10 +46,24 @@ pub(crate) struct CapturedStep<G: GraphBackend, T> {
     observation: Observation,
 }
 
-impl<G: GraphBackend, T> Recorded for CapturedStep<G, T> {
+impl<G: GraphBackend, T> HasObservation for CapturedStep<G, T> {
     fn observation(&self) -> &Observation {
         &self.observation
     }
+}
+
+/// A recording: a graph that did what warmup verified, or one that did not (`reason`),
+/// which may run once as its own step but stands for no other.
+pub(crate) enum Recorded<G: GraphBackend, T> {
+    Graph(CapturedStep<G, T>),
+    Differs(CapturedStep<G, T>, FallbackReason),
+}
+
+/// A capture's step: the new graph's first launch, or the one launch of a recording
+/// unlike warmup (the step's mode is then eager, for `reason`).
+pub(crate) enum Captured<T> {
+    Graph(T),
+    Once(T, FallbackReason),
 }
 
 /// Why a graph step did not happen; the step then runs eagerly.
@@ -74,6 +88,8 @@ pub(crate) struct GraphStats {
     pub(crate) recaptures: usize,
     /// Bytes pinned in the arena.
     pub(crate) pinned_bytes: u64,
+    /// Graphs dropped to make room for another shape's.
+    pub(crate) evictions: usize,
 }
 
 /// The graphs of one trainer, per input key, and the pinned buffers they use; `T` is
@@ -99,7 +115,7 @@ pub(crate) struct Graphs<G: GraphBackend, T> {
 impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
         Self {
-            cache: GraphCache::new(config.max_graphs, config.effective_warmup()),
+            cache: GraphCache::new(config.cache_limits()),
             pins: None,
             verified: false,
             unseated: false,
@@ -181,7 +197,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 
     pub(crate) fn stats(&self) -> GraphStats {
-        self.stats
+        GraphStats {
+            evictions: self.cache.evictions(),
+            ..self.stats
+        }
     }
 
     /// Drops every graph (before the buffers they use) and the pins, so that no step
@@ -230,7 +249,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         inputs: &[AnyTensor<G>],
         device: &G::Device,
         rank: Option<&Rank>,
-    ) -> Result<T, Fallback>
+    ) -> Result<Captured<T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -240,16 +259,24 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         let started = Instant::now();
         let recorded = self.record(learner, step_fn, random, key, batch, inputs, device, rank);
-        let recorded = match rank {
-            Some(rank) => self.agree_launch(key, recorded, rank),
-            None => recorded,
+        let recorded = match (rank, recorded) {
+            // Ranks launch together or not at all: a recording unlike warmup is this
+            // rank's fallback (the step then runs eagerly, on every rank).
+            (Some(_), Ok(Recorded::Differs(step, reason))) => {
+                self.cache
+                    .capture_differed(key, step.observation, reason.clone());
+                Err(Fallback::Once(reason))
+            }
+            (Some(rank), recorded) => self.agree_launch(key, recorded, rank),
+            (None, recorded) => recorded,
         };
-        let step = recorded.inspect_err(|_| {
+        let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
             if let Some(pins) = &self.pins {
                 learner.update(|model, optimizer| pins.reseat(model, optimizer));
             }
         })?;
+        let (Recorded::Graph(step) | Recorded::Differs(step, _)) = &recorded;
         if let Err(error) = G::replay(&step.graph) {
             let reason = FallbackReason::Graph(error);
             return Err(match rank {
@@ -260,8 +287,20 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         }
         self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
         let owned = owned_copy(&step.outputs);
-        self.cache.captured(key, step);
-        Ok(owned)
+        Ok(match recorded {
+            Recorded::Graph(step) => {
+                self.cache.captured(key, step);
+                Captured::Graph(owned)
+            }
+            // The graph is exactly this call of the closure, so its one launch is this
+            // step's eager result (the closure is not called again); it cannot stand for
+            // later steps, so the shape warms up again from this one.
+            Recorded::Differs(step, reason) => {
+                self.cache
+                    .capture_differed(key, step.observation, reason.clone());
+                Captured::Once(owned, reason)
+            }
+        })
     }
 
     /// Pins (once), pins a copy of the batch, and records the step into a graph, which
@@ -277,7 +316,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         inputs: &[AnyTensor<G>],
         device: &G::Device,
         rank: Option<&Rank>,
-    ) -> Result<CapturedStep<G, T>, Fallback>
+    ) -> Result<Recorded<G, T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -337,15 +376,17 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             (Ok(_), Err(error)) => return Err(shape_error(error)),
             (Ok(outputs), Ok(graph)) => (outputs, graph),
         };
-        if let Some(reason) = observation.verdict(self.cache.warmed_up(key)) {
-            return Err(Fallback::Shape(reason));
-        }
-        Ok(CapturedStep {
+        let differs = observation.verdict(self.cache.warmed_up(key));
+        let step = CapturedStep {
             graph,
             inputs: static_inputs,
             outputs,
             observation,
-        })
+        };
+        match differs {
+            None => Ok(Recorded::Graph(step)),
+            Some(reason) => Ok(Recorded::Differs(step, reason)),
+        }
     }
 
     /// The launch agreement of a data-parallel capture: every rank says how its
@@ -355,9 +396,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     fn agree_launch(
         &mut self,
         key: &InputKey,
-        recorded: Result<CapturedStep<G, T>, Fallback>,
+        recorded: Result<Recorded<G, T>, Fallback>,
         rank: &Rank,
-    ) -> Result<CapturedStep<G, T>, Fallback> {
+    ) -> Result<Recorded<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,
             Err(Fallback::Step(error)) => CaptureOutcome::Failed(error.to_string()),
@@ -368,7 +409,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let verdict = rank.agree_launch(&own).map_err(Fallback::Step)?;
         match (verdict, recorded) {
             (None, recorded) => recorded,
-            (Some(reason), Ok(step)) => {
+            (Some(reason), Ok(Recorded::Graph(step) | Recorded::Differs(step, _))) => {
                 self.cache.captured(key, step);
                 Err(Fallback::Once(reason))
             }

@@ -28,7 +28,7 @@ mod views;
 pub use config::GraphTrainerConfig;
 pub use error::StepError;
 pub use input::{InputKey, StepInput, hash_key_value};
-pub use mode::{FallbackReason, StepMode};
+pub use mode::{FallbackReason, StepChange, StepMode};
 pub use output::StepOutput;
 pub use registry::TrainerId;
 pub use report::{ModeCounts, TrainerReport};

@@ -65,6 +65,18 @@ pub enum FallbackReason {
     /// The model was put back (`put_model`): this eager step checks that the shape's
     /// graph still records what the model now does, before replays resume.
     ModelReplaced,
+    /// An eager step that checks the shape's graph against what the step closure does
+    /// now (every `verify_every` replays): a replay does not call the closure, so a
+    /// value it reads that changed since the capture would otherwise go unnoticed. The
+    /// graph replays again if the step did what it recorded.
+    ReplayCheck,
+    /// The shape's graph no longer records what the step does (found by a
+    /// [`ReplayCheck`](Self::ReplayCheck) or after `put_model`): it was dropped, this
+    /// step ran eagerly, and the shape warms up again.
+    GraphStale {
+        /// What the step did differently from the graph.
+        change: StepChange,
+    },
     /// A parameter or optimizer state buffer is shared with another trainer.
     SharedWithTrainer(TrainerId),
     /// This input shape would need a graph beyond `max_graphs`.
@@ -107,6 +119,88 @@ pub enum FallbackReason {
     },
 }
 
+/// What a step did differently from the graph it was checked against
+/// ([`FallbackReason::GraphStale`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepChange {
+    /// The step hit a capture breaker the graph did not.
+    Breaker(CaptureBreaker),
+    /// Op `index` is another op: `graph` recorded, `step` ran (a branch on host state).
+    OtherOp {
+        /// Index of the op in the step's signature.
+        index: usize,
+        /// The op the graph recorded there.
+        graph: Cow<'static, str>,
+        /// The op the step ran there.
+        step: Cow<'static, str>,
+    },
+    /// Op `index` read tensors of other shapes or element types.
+    InputShapes {
+        /// Index of the op in the step's signature.
+        index: usize,
+        /// The op.
+        op: Cow<'static, str>,
+    },
+    /// Op `index` ran with other host values: a scalar, dims or options. A host value
+    /// that changes between steps (a loss weight, an annealing factor, a flag) belongs
+    /// in the batch: as a tensor (a 0-d or 1-element `Tensor`), or as a
+    /// `#[step_input(key)]` field when it takes few values.
+    HostValues {
+        /// Index of the op in the step's signature.
+        index: usize,
+        /// The op.
+        op: Cow<'static, str>,
+    },
+    /// The step ran another number of ops than the graph recorded.
+    OpCount {
+        /// Ops the graph recorded.
+        graph: usize,
+        /// Ops the step ran.
+        step: usize,
+    },
+    /// The step read a tensor from outside that the graph did not (a constant replaced
+    /// since the capture, say), or no longer read one the graph did: `op` read it.
+    Read {
+        /// The backend method that read it.
+        op: Cow<'static, str>,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its element type.
+        dtype: DType,
+    },
+}
+
+impl fmt::Display for StepChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepChange::Breaker(breaker) => write!(f, "capture breaker {breaker}"),
+            StepChange::OtherOp { index, graph, step } => {
+                write!(f, "op {index} is `{step}`, the graph recorded `{graph}`")
+            }
+            StepChange::InputShapes { index, op } => {
+                write!(
+                    f,
+                    "op {index} (`{op}`) read tensors of other shapes or types"
+                )
+            }
+            StepChange::HostValues { index, op } => write!(
+                f,
+                "op {index} (`{op}`) ran with other host values; pass a host value that \
+                 changes between steps in the batch, as a tensor or a `#[step_input(key)]` \
+                 field (the guide's \"Fallback reasons\")"
+            ),
+            StepChange::OpCount { graph, step } => {
+                write!(f, "the step ran {step} ops, the graph recorded {graph}")
+            }
+            StepChange::Read { op, shape, dtype } => write!(
+                f,
+                "`{op}` read a {dtype:?} tensor of shape {shape:?} other than the graph's \
+                 (a tensor replaced since the capture)"
+            ),
+        }
+    }
+}
+
 impl FallbackReason {
     /// The reason for a graph error: a layout difference is
     /// [`LayoutChanged`](Self::LayoutChanged), anything else [`Graph`](Self::Graph).
@@ -136,6 +230,8 @@ impl FallbackReason {
             FallbackReason::CaptureBreaker(_) => "CaptureBreaker",
             FallbackReason::UnlistedInput { .. } => "UnlistedInput",
             FallbackReason::ModelReplaced => "ModelReplaced",
+            FallbackReason::ReplayCheck => "ReplayCheck",
+            FallbackReason::GraphStale { .. } => "GraphStale",
             FallbackReason::SharedWithTrainer(_) => "SharedWithTrainer",
             FallbackReason::GraphCacheFull => "GraphCacheFull",
             FallbackReason::PinnedBuffersChanged => "PinnedBuffersChanged",
@@ -161,6 +257,9 @@ impl fmt::Display for FallbackReason {
                 "unlisted input: `{op}` read a {dtype:?} tensor of shape {shape:?} that the \
                  batch does not list and that is not the same tensor every step"
             ),
+            FallbackReason::GraphStale { change } => {
+                write!(f, "the graph no longer records the step: {change}")
+            }
             FallbackReason::SharedWithTrainer(id) => write!(f, "shared with trainer {}", id.0),
             FallbackReason::LayoutChanged {
                 shape,

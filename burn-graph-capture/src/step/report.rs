@@ -44,6 +44,10 @@ pub struct TrainerReport {
     pub graphs_alive: usize,
     /// Times graphs were dropped and captured again.
     pub recaptures: usize,
+    /// Graphs dropped to make room for another shape's (`max_graphs`). (Absent from
+    /// reports written before it existed: read as 0.)
+    #[serde(default)]
+    pub evictions: usize,
     /// The trainer this one shares a buffer with, if any.
     pub shared_with: Option<TrainerId>,
     /// Copies of the model or optimizer made for `model()`, `optimizer()` and

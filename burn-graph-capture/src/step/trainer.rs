@@ -14,7 +14,7 @@ use super::collectives::{broadcast_start, same_structure_as_rank_zero};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
-use super::graphed::{Fallback, Graphs, on_inputs};
+use super::graphed::{Captured, Fallback, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
@@ -242,13 +242,10 @@ where
                     StepMode::Eager(reason.unwrap_or(FallbackReason::Warmup)),
                 )
             }
-            Plan::Verify => {
+            Plan::Verify(checking) => {
                 let (output, observed) = self.observed_step(&batch, &inputs, true)?;
                 let reason = self.graphs.verified(&key, observed);
-                (
-                    output,
-                    StepMode::Eager(reason.unwrap_or(FallbackReason::ModelReplaced)),
-                )
+                (output, StepMode::Eager(reason.unwrap_or(checking)))
             }
             Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
             Plan::Capture | Plan::Replay => self.graph_or_eager(&plan, &key, &batch, &inputs)?,
@@ -318,7 +315,7 @@ where
             Plan::Replay => Proposal::Replay,
             Plan::Capture => Proposal::Capture,
             Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
-            Plan::Verify => Proposal::Eager(FallbackReason::ModelReplaced),
+            Plan::Verify(checking) => Proposal::Eager(checking.clone()),
             Plan::Eager(reason) => Proposal::Eager(reason.clone()),
         };
         match rank.agree(&proposal)? {
@@ -369,20 +366,28 @@ where
     /// it would) and writes its results into the pinned buffers; each shape's next step
     /// then runs eagerly and must do what its graph recorded before replays resume.
     ///
-    /// A model of another structure (other parameter shapes) starts the graphs over:
-    /// every shape warms up again. The optimizer keeps its learning rate and step count
-    /// and starts zero state for the new parameters.
+    /// A model of another structure (a parameter added, removed, resized under its id,
+    /// frozen or unfrozen, or a head re-initialised with new ids) starts the graphs over:
+    /// every shape warms up again and graphs again. The optimizer state is made to fit
+    /// it ([`CapturableOptimizer::fit_state`]): the learning rate and step count stay,
+    /// state of removed or resized parameters is dropped, and new or resized ones start
+    /// from zero state. Only an optimizer that cannot fit its state (or one built from a
+    /// record of another model) makes the steps refuse, with
+    /// [`StepError::OptimizerStateMismatch`], until a model it fits is put in.
     pub fn put_model(&mut self, model: M) {
         let model = with_own_state(&model);
+        let optimizer = self.learner.optimizer_mut();
         if self.misfit.is_some() {
             // A refused optimizer state may fit this model (the one it was saved with).
-            self.misfit = fit::state_mismatch(&model, self.learner.optimizer_mut());
+            self.misfit = fit::state_mismatch(&model, optimizer);
         }
-        let before = fit::param_shapes(self.learner.model());
-        if !fit::same_structure(&before, &fit::param_shapes(&model)) {
+        if self.misfit.is_none() {
+            optimizer.fit_state(&model);
+            self.misfit = fit::state_mismatch(&model, optimizer);
+        }
+        if fit::Structure::of(self.learner.model()) != fit::Structure::of(&model) {
             self.graphs.restart();
         }
-        self.learner.optimizer_mut().init_state(&model);
         self.graphs.put_back(&mut self.learner, model);
         self.taken_out = false;
         self.lent.clear();
@@ -417,6 +422,7 @@ where
             shared_with: self.shared_with,
             capture_ms: graphs.capture_ms,
             recaptures: graphs.recaptures,
+            evictions: graphs.evictions,
             pinned_bytes: graphs.pinned_bytes,
             snapshot_copies,
             snapshot_ms,
@@ -485,10 +491,13 @@ where
             );
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
-            if captured.is_ok() {
-                self.report.graphed_random(self.random.served());
-            }
-            captured.map(|output| (output, StepMode::Captured))
+            captured.map(|captured| match captured {
+                Captured::Graph(output) => {
+                    self.report.graphed_random(self.random.served());
+                    (output, StepMode::Captured)
+                }
+                Captured::Once(output, reason) => (output, StepMode::Eager(reason)),
+            })
         } else {
             self.replay(key, inputs)
                 .map(|output| (output, StepMode::Replayed))

@@ -28,7 +28,7 @@
 //!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
 //! Every test is generic over the inner backend stack and instantiated per stack, as
-//! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameter_runs_eagerly`).
+//! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameters_part_after_the_first_update`).
 //!
 //! Every test is `#[ignore]`d: it needs an NVIDIA GPU and fails without one. Run on the
 //! GPU machine through `scripts/gpu-check.sh`, one test at a time (`--test-threads=1`):
