@@ -15,7 +15,9 @@ use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
-use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, RuntimeFailure, layout};
+use crate::backend::{
+    AnyTensor, BufferId, GraphBackend, GraphError, Holder, RuntimeFailure, layout,
+};
 use crate::dist::{DistError, RankLink};
 use crate::runtime::nccl::CollectiveOp;
 use crate::runtime::{
@@ -245,6 +247,14 @@ impl GraphBackend for CudaCube {
             .ok()?
             .ok()
             .map(BufferId)
+    }
+
+    /// A handle on the tensor's memory: CubeCL counts the handles of an allocation
+    /// (one is its pool's own), while graphs retain bindings, which do not count. Once
+    /// only the pool's and this one are left, no tensor holds the allocation.
+    fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {
+        let memory = cube(tensor).handle.memory.clone();
+        Some(Holder::new(move || !memory.can_mut()))
     }
 }
 

@@ -17,7 +17,7 @@ use burn::tensor::Distribution;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
-use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError};
+use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, Holder};
 use crate::dist::{DistError, RankLink};
 use crate::runtime::nccl::CollectiveOp;
 
@@ -189,6 +189,18 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
         B::buffer_id(&resolve::<B>(tensor))
+    }
+
+    /// B's holder of the tensor behind the fusion handle. Fusion frees that tensor when
+    /// the last fusion handle is dropped, by a drop op it runs with its queue, so the
+    /// queue is drained before each answer.
+    fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {
+        let inner = B::holder(&resolve::<B>(tensor))?;
+        let device = fused(tensor).client.device().clone();
+        Some(Holder::new(move || {
+            drain::<B>(&device);
+            inner.held_elsewhere()
+        }))
     }
 
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {

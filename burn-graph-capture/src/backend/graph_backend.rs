@@ -9,6 +9,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{Backend, DType, FloatDType, Shape, StreamId};
 use serde::{Deserialize, Serialize};
 
+use super::holder::Holder;
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
 use crate::dist::{DistError, RankLink};
@@ -175,6 +176,14 @@ pub trait GraphBackend:
     /// The address of a tensor's storage, where the backend exposes one.
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId>;
 
+    /// A handle on `tensor`'s allocation that tells whether anything else still holds
+    /// it ([`Holder`]): what a replay checks of each constant its graph reads. `None`
+    /// where the backend cannot tell (its graphs are then checked only every
+    /// `verify_every` replays); the default.
+    fn holder(_tensor: &AnyTensor<Self>) -> Option<Holder> {
+        None
+    }
+
     /// `lhs @ rhs` for the decorator's `float_matmul`: the backend's own, unless it has a
     /// faster one (cuBLAS on this crate's runtime, `backend::cublas`).
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -298,6 +307,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
         B::buffer_id(&tensor.clone().into_inner())
     }
 
+    fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {
+        B::holder(&tensor.clone().into_inner())
+    }
+
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         B::matmul(lhs, rhs)
     }
@@ -351,7 +364,7 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
 /// Records a collective into the open sessions: it reads `inputs` and makes `outputs`;
 /// its group and root are attributes (a step on another group is another step).
-fn record_collective<T: burn_backend::TensorMetadata + Allocated>(
+fn record_collective<T: burn_backend::TensorMetadata + Allocated + 'static>(
     op: &'static str,
     inputs: &[T],
     outputs: &[T],

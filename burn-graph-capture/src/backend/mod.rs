@@ -20,6 +20,7 @@ mod fused_matmul;
 #[cfg(feature = "cuda")]
 mod fusion;
 mod graph_backend;
+mod holder;
 mod identity;
 #[cfg(feature = "cuda")]
 mod layout;
@@ -35,6 +36,7 @@ pub use cuda::CudaCube;
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
 pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph, RuntimeFailure};
+pub use holder::Holder;
 pub use identity::{Allocated, AllocationId};
 pub use primitive::AnyTensor;
 pub use session::{

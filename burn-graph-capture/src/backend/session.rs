@@ -17,12 +17,14 @@
 //! read from outside the step. The step API checks each of those against what it knows
 //! (parameters, optimizer state, the listed batch, constants).
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::fmt::{self, Debug, Write as _};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use burn_backend::{DType, Shape, TensorData, TensorMetadata};
 use serde::{Deserialize, Serialize};
@@ -36,6 +38,8 @@ thread_local! {
     static RECORDINGS: RefCell<Vec<(u64, Recording)>> = const { RefCell::new(Vec::new()) };
     /// Source of session ids on this thread.
     static NEXT_ID: Cell<u64> = const { Cell::new(0) };
+    /// Number of open sessions that keep the tensors they read from outside.
+    static KEEPING: Cell<usize> = const { Cell::new(0) };
 }
 
 /// True when at least one session is open on this thread.
@@ -177,18 +181,67 @@ pub struct Recording {
     pub reads: Vec<ExternalRead>,
     /// Allocations the session's ops produced or already read.
     known: HashSet<AllocationId>,
+    /// With [`CaptureSession::begin_keeping`]: a handle on each tensor read from outside
+    /// whose allocation is not among those it was told to skip.
+    kept: Kept,
 }
 
+/// Tensors a keeping session read from outside, by allocation (the inner backend's
+/// primitives, type-erased: sessions are shared by every backend on the thread).
+#[derive(Clone, Default)]
+pub(crate) struct Kept {
+    /// Allocations not to keep; `None`: the session keeps nothing.
+    skip: Option<HashSet<AllocationId>>,
+    tensors: Vec<(AllocationId, Arc<dyn Any + Send + Sync>)>,
+}
+
+impl Kept {
+    /// The primitive kept for `allocation`, if one was, as `T`.
+    pub(crate) fn get<T: 'static>(&self, allocation: &AllocationId) -> Option<&T> {
+        self.tensors
+            .iter()
+            .find(|(id, _)| id == allocation)
+            .and_then(|(_, tensor)| tensor.downcast_ref::<T>())
+    }
+}
+
+impl Debug for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Kept({})", self.tensors.len())
+    }
+}
+
+/// What was kept is a side product, not part of what a step did.
+impl PartialEq for Kept {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Kept {}
+
 impl Recording {
+    /// The tensors a keeping session read from outside.
+    pub(crate) fn kept(&self) -> &Kept {
+        &self.kept
+    }
+
     fn add(&mut self, record: &OpRecord, breaker: Option<CaptureBreaker>, recorder: &OpRecorder) {
         if let Some(breaker) = breaker {
             self.breakers.push(breaker);
         }
-        for (allocation, tensor) in &recorder.reads {
+        for (index, (allocation, tensor)) in recorder.reads.iter().enumerate() {
             let first = match allocation {
                 Some(id) => self.known.insert(id.clone()),
                 None => true,
             };
+            if first
+                && let (Some(id), Some(skip)) = (allocation, &self.kept.skip)
+                && !skip.contains(id)
+                && let Some(Some(primitive)) = recorder.primitives.get(index)
+            {
+                self.kept.tensors.push((id.clone(), Arc::clone(primitive)));
+            }
             if first {
                 self.reads.push(ExternalRead {
                     allocation: allocation.clone(),
@@ -211,15 +264,21 @@ pub(crate) struct OpRecorder {
     reads: Vec<(Option<AllocationId>, TensorSig)>,
     /// The output tensors' allocations.
     outputs: Vec<AllocationId>,
+    /// Handles on the input tensors, aligned with `reads`, while a keeping session is
+    /// open.
+    primitives: Vec<Option<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl OpRecorder {
-    pub(crate) fn tensor<T: TensorMetadata + Allocated>(&mut self, tensor: &T) {
+    pub(crate) fn tensor<T: TensorMetadata + Allocated + 'static>(&mut self, tensor: &T) {
         let sig = TensorSig {
             shape: tensor.shape(),
             dtype: tensor.dtype(),
         };
         self.reads.push((tensor.allocation_id(), sig.clone()));
+        let keeping = KEEPING.with(Cell::get) != 0;
+        self.primitives
+            .push(keeping.then(|| Arc::new(tensor.clone()) as Arc<dyn Any + Send + Sync>));
         self.inputs.push(sig);
     }
 
@@ -238,7 +297,11 @@ impl OpRecorder {
     }
 
     /// An input, or an output when `output`.
-    pub(crate) fn tensor_as<T: TensorMetadata + Allocated>(&mut self, tensor: &T, output: bool) {
+    pub(crate) fn tensor_as<T: TensorMetadata + Allocated + 'static>(
+        &mut self,
+        tensor: &T,
+        output: bool,
+    ) {
         if output {
             self.output(tensor)
         } else {
@@ -247,7 +310,7 @@ impl OpRecorder {
     }
 
     /// An optional input, or output when `output`.
-    pub(crate) fn optional_as<T: TensorMetadata + Allocated>(
+    pub(crate) fn optional_as<T: TensorMetadata + Allocated + 'static>(
         &mut self,
         tensor: &Option<T>,
         output: bool,
@@ -259,7 +322,7 @@ impl OpRecorder {
         }
     }
 
-    pub(crate) fn optional<T: TensorMetadata + Allocated>(&mut self, tensor: &Option<T>) {
+    pub(crate) fn optional<T: TensorMetadata + Allocated + 'static>(&mut self, tensor: &Option<T>) {
         self.optional_as(tensor, false)
     }
 
@@ -312,21 +375,48 @@ impl fmt::Write for HashWriter<'_> {
 #[must_use = "a session records until it is finished or dropped"]
 pub struct CaptureSession {
     id: u64,
+    keeping: bool,
     _thread_bound: PhantomData<*const ()>,
 }
 
 impl CaptureSession {
     /// Opens a session on this thread.
     pub fn begin() -> Self {
+        Self::open(Recording::default())
+    }
+
+    /// Opens a session that also keeps a handle on each tensor it reads from outside,
+    /// except those whose allocation is in `skip` (the trainer's own, the batch's): the
+    /// constants a capture reads, whose holders its replays check
+    /// ([`GraphBackend::holder`](super::GraphBackend::holder)). Only the tensors the
+    /// step closure reads from its surroundings are kept: they are held there anyway,
+    /// so a handle more changes no in-place decision of the step.
+    pub(crate) fn begin_keeping(skip: HashSet<AllocationId>) -> Self {
+        KEEPING.with(|keeping| keeping.set(keeping.get() + 1));
+        let recording = Recording {
+            kept: Kept {
+                skip: Some(skip),
+                tensors: Vec::new(),
+            },
+            ..Recording::default()
+        };
+        Self {
+            keeping: true,
+            ..Self::open(recording)
+        }
+    }
+
+    fn open(recording: Recording) -> Self {
         let id = NEXT_ID.with(|next| {
             let id = next.get();
             next.set(id + 1);
             id
         });
-        RECORDINGS.with(|r| r.borrow_mut().push((id, Recording::default())));
+        RECORDINGS.with(|r| r.borrow_mut().push((id, recording)));
         OPEN.with(|open| open.set(open.get() + 1));
         Self {
             id,
+            keeping: false,
             _thread_bound: PhantomData,
         }
     }
@@ -347,6 +437,9 @@ impl CaptureSession {
 
     fn take(&self) -> Recording {
         OPEN.with(|open| open.set(open.get() - 1));
+        if self.keeping {
+            KEEPING.with(|keeping| keeping.set(keeping.get() - 1));
+        }
         RECORDINGS.with(|recordings| {
             let mut recordings = recordings.borrow_mut();
             let index = recordings

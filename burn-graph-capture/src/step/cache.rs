@@ -150,6 +150,9 @@ pub(crate) enum Plan {
     Capture,
     /// Replay this shape's graph.
     Replay,
+    /// Run as the first warmup step of a shape whose graph was just dropped, for this
+    /// reason (a constant it reads is gone).
+    Rewarm(FallbackReason),
     /// Run eagerly inside a session and compare with the shape's graph; the step's mode
     /// reason, if it matches.
     Verify(FallbackReason),
@@ -406,6 +409,15 @@ impl<G: Recorded> GraphCache<G> {
         let reason = FallbackReason::GraphStale { change };
         self.restart(key, step, reason.clone());
         Some(reason)
+    }
+
+    /// Drops the graph of `key`, which no longer records the step: the shape warms up
+    /// from its next step on, as a new shape would.
+    pub(crate) fn stale(&mut self, key: &InputKey) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.phase = placeholder();
+            entry.restarts = 0;
+        }
     }
 
     /// Makes `key` eager for good.

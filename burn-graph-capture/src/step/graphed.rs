@@ -24,16 +24,20 @@ use super::error::StepError;
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
 use super::learner::Learner;
-use super::mode::FallbackReason;
+use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::pinning::{Pinned, copy_float};
 use super::random::TrainerRandom;
 use super::ranks::{CaptureOutcome, Rank};
+use crate::backend::session::Kept;
 use crate::backend::{
-    Allocated, AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, TrainBackend,
+    Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
+    Holder, TrainBackend,
 };
 use crate::dist::RankLink;
 use crate::optim::CapturableOptimizer;
+use burn::tensor::DType;
+use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 
 /// A graph with the static buffers it reads and writes; `T` is the step's output item.
 pub(crate) struct CapturedStep<G: GraphBackend, T> {
@@ -44,6 +48,39 @@ pub(crate) struct CapturedStep<G: GraphBackend, T> {
     outputs: T,
     /// What the recorded step did.
     observation: Observation,
+    /// The constants it reads, each with a holder telling whether it is still held
+    /// outside the graph (backends that can tell; `GraphBackend::holder`).
+    constants: Vec<(ExternalRead, Holder)>,
+}
+
+impl<G: GraphBackend, T> CapturedStep<G, T> {
+    /// A constant the graph reads that nothing outside it holds any more: the step
+    /// closure would read another tensor now.
+    fn dropped_constant(&self) -> Option<&ExternalRead> {
+        self.constants
+            .iter()
+            .find(|(_, holder)| !holder.held_elsewhere())
+            .map(|(read, _)| read)
+    }
+}
+
+/// Holders of the constants `reads` (the recording's unaccounted reads) from the
+/// tensors the capture's session kept.
+fn holders<G: GraphBackend>(reads: &[ExternalRead], kept: &Kept) -> Vec<(ExternalRead, Holder)> {
+    reads
+        .iter()
+        .filter_map(|read| {
+            let id = read.allocation.as_ref()?;
+            let tensor = match read.tensor.dtype {
+                DType::Bool(_) => AnyTensor::<G>::Bool(kept.get::<BoolTensor<G>>(id)?.clone()),
+                dtype if dtype.is_float() => {
+                    AnyTensor::Float(kept.get::<FloatTensor<G>>(id)?.clone())
+                }
+                _ => AnyTensor::Int(kept.get::<IntTensor<G>>(id)?.clone()),
+            };
+            Some((read.clone(), G::holder(&tensor)?))
+        })
+        .collect()
 }
 
 impl<G: GraphBackend, T> HasObservation for CapturedStep<G, T> {
@@ -125,9 +162,28 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         }
     }
 
-    /// How the step for `key` runs.
+    /// How the step for `key` runs. A replay whose graph reads a constant that nothing
+    /// outside holds any more does not run: the shape warms up again from this step.
     pub(crate) fn plan(&mut self, key: &InputKey, device: &G::Device) -> Plan {
-        self.cache.plan(key, G::supports_hardware_graphs(device))
+        let plan = self.cache.plan(key, G::supports_hardware_graphs(device));
+        let dropped = match plan {
+            Plan::Replay => self
+                .cache
+                .graph(key)
+                .and_then(CapturedStep::dropped_constant),
+            _ => None,
+        };
+        let Some(read) = dropped else {
+            return plan;
+        };
+        let change = StepChange::ConstantDropped {
+            op: read.op.into(),
+            shape: read.tensor.shape.as_slice().to_vec(),
+            dtype: read.tensor.dtype,
+        };
+        tracing::info!(%change, "a graph's constant is gone; its shape warms up again");
+        self.cache.stale(key);
+        Plan::Rewarm(FallbackReason::GraphStale { change })
     }
 
     /// Whether steps write into pinned buffers (and lent tensors must be copies).
@@ -339,7 +395,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         // The model as it was, in case the recorded step panics inside `Learner::update`
         // (which takes the model): the pins still hold its values, since nothing ran.
         let before = learner.model().clone();
-        let session = CaptureSession::begin();
+        let session = CaptureSession::begin_keeping(accounted.ids().clone());
         let caller = StreamId::current();
         let member = rank.map(Rank::member);
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -366,11 +422,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             }
         };
         let (recorded, graph) = captured.map_err(shape_error)?;
+        let kept = recording.kept().clone();
         let observation = Observation {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
         };
+        let constants = holders::<G>(&observation.unaccounted, &kept);
+        drop(kept);
         let (outputs, graph) = match (recorded, graph) {
             (Err(refusal), _) => return Err(refusal),
             (Ok(_), Err(error)) => return Err(shape_error(error)),
@@ -382,6 +441,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             inputs: static_inputs,
             outputs,
             observation,
+            constants,
         };
         match differs {
             None => Ok(Recorded::Graph(step)),

@@ -31,6 +31,11 @@ impl Accounted {
         }
     }
 
+    /// The allocations accounted for.
+    pub(crate) fn ids(&self) -> &HashSet<AllocationId> {
+        &self.ids
+    }
+
     /// These and `more`.
     pub(crate) fn with(mut self, more: impl IntoIterator<Item = Option<AllocationId>>) -> Self {
         self.ids.extend(more.into_iter().flatten());

@@ -15,7 +15,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::collectives::average_gradients;
 use super::error::StepError;
-use super::output::StepOutput;
+use super::output::{StepOutput, unaliased};
 use crate::backend::GraphBackend;
 use crate::dist::RankLink;
 use crate::optim::CapturableOptimizer;
@@ -97,6 +97,7 @@ impl<M, O> Learner<M, O> {
         R: StepOutput<B>,
     {
         let (mut grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
+        let item = unaliased(item, self.model());
         if let Some(member) = member {
             average_gradients(self.model(), &mut grads, member).map_err(StepError::DataParallel)?;
         }

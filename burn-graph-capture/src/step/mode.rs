@@ -158,6 +158,17 @@ pub enum StepChange {
         /// Ops the step ran.
         step: usize,
     },
+    /// A tensor the graph reads as a constant is no longer held outside the graph (it
+    /// was replaced or dropped), so the step closure reads another one now: `op` read
+    /// it. Found before a replay, which then does not run.
+    ConstantDropped {
+        /// The backend method that read it.
+        op: Cow<'static, str>,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its element type.
+        dtype: DType,
+    },
     /// The step read a tensor from outside that the graph did not (a constant replaced
     /// since the capture, say), or no longer read one the graph did: `op` read it.
     Read {
@@ -192,6 +203,11 @@ impl fmt::Display for StepChange {
             StepChange::OpCount { graph, step } => {
                 write!(f, "the step ran {step} ops, the graph recorded {graph}")
             }
+            StepChange::ConstantDropped { op, shape, dtype } => write!(
+                f,
+                "the {dtype:?} tensor of shape {shape:?} that `{op}` read as a constant is \
+                 no longer held outside the graph (replaced or dropped)"
+            ),
             StepChange::Read { op, shape, dtype } => write!(
                 f,
                 "`{op}` read a {dtype:?} tensor of shape {shape:?} other than the graph's \

@@ -225,7 +225,7 @@ where
         let (key, inputs, plan) = planned?;
         self.report.check_ms += checks.elapsed().as_secs_f64() * 1e3;
         let (output, mode) = match plan {
-            Plan::Warmup => {
+            Plan::Warmup | Plan::Rewarm(_) => {
                 let rehearsal =
                     self.graphs
                         .rehearsal_inputs(&mut self.learner, &key, &inputs, &self.device);
@@ -236,7 +236,10 @@ where
                     }
                     None => self.observed_step(&batch, &inputs, false)?,
                 };
-                let reason = self.graphs.warmed(&key, observed);
+                let reason = self.graphs.warmed(&key, observed).or(match plan {
+                    Plan::Rewarm(why) => Some(why),
+                    _ => None,
+                });
                 (
                     output,
                     StepMode::Eager(reason.unwrap_or(FallbackReason::Warmup)),
@@ -315,6 +318,7 @@ where
             Plan::Replay => Proposal::Replay,
             Plan::Capture => Proposal::Capture,
             Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
+            Plan::Rewarm(reason) => Proposal::Eager(reason.clone()),
             Plan::Verify(checking) => Proposal::Eager(checking.clone()),
             Plan::Eager(reason) => Proposal::Eager(reason.clone()),
         };

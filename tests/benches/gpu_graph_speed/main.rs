@@ -32,7 +32,7 @@ mod stock;
 mod timing;
 
 use burn_graph_capture::runtime::CudaGraphDevice;
-use burn_graph_capture::{CudaCube, CudaFused};
+use burn_graph_capture::{CudaCube, CudaFused, GraphTrainerConfig};
 use lstm_example::LstmRegressor;
 use lstm_example::model::{DropoutLstmRegressor, FusedLstmRegressor};
 use serde_json::{Value, json};
@@ -197,6 +197,31 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 mode: "graphed",
                 timing: run.timing,
             });
+        }
+        // Issue 27: what the periodic check of a graph against an eager step costs
+        // (`verify_every`, default 100), on `FusedLstm`'s step.
+        if wants("check") {
+            let every = GraphTrainerConfig::new().verify_every;
+            let cost = ours::check_cost::<CudaFused, Batched<CudaFused>>(&work, &device, every);
+            let overhead = cost.checked_ms / cost.unchecked_ms - 1.0;
+            println!(
+                "{}",
+                json!({
+                    "bench": "graph_speed", "size": size.to_string(), "stack": "fused-lstm",
+                    "mode": "check-cost", "verify_every": cost.verify_every,
+                    "steps_per_round": cost.steps_per_round, "rounds": cost.rounds,
+                    "checked_ms": cost.checked_ms, "unchecked_ms": cost.unchecked_ms,
+                    "overhead": overhead, "checks": cost.checks,
+                })
+            );
+            println!(
+                "| {size} | fused-lstm | replay checks every {} steps: {:.3} ms against {:.3} ms per step ({:+.2} %, {} checks) |",
+                cost.verify_every,
+                cost.checked_ms,
+                cost.unchecked_ms,
+                overhead * 100.0,
+                cost.checks
+            );
         }
         if wants("cube") {
             let run = ours::graphed::<CudaCube, Nn<CudaCube>>(&work, &device);

@@ -51,13 +51,28 @@ pub struct Graphed {
 
 /// The trainer of `work` on `G`, warmed up and captured: `WARMUP` eager steps, one
 /// captured step.
+///
+/// Its graph is not checked against eager steps (`verify_every` 0), so that every timed
+/// step is a replay; [`check_cost`] measures what the checks add.
 fn captured_trainer<G: Stack, M: Model<G>>(
     work: &Workload,
     batches: &[Input<G>],
     device: &CudaGraphDevice,
     member: Option<RankMember>,
 ) -> Trainer<G, M> {
-    let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
+    let config = GraphTrainerConfig::new()
+        .with_warmup_steps(WARMUP)
+        .with_verify_every(0);
+    captured_with::<G, M>(work, batches, device, member, config)
+}
+
+fn captured_with<G: Stack, M: Model<G>>(
+    work: &Workload,
+    batches: &[Input<G>],
+    device: &CudaGraphDevice,
+    member: Option<RankMember>,
+    config: GraphTrainerConfig,
+) -> Trainer<G, M> {
     let step: LossFn<G, M> = loss;
     let model = M::build(work, device);
     let mut trainer = match member {
@@ -161,6 +176,70 @@ fn timed_replays<G: Stack, M: Model<G>>(
         not_replayed,
         graphs,
         arena_reserved,
+    }
+}
+
+/// What checking a graph against an eager step every `verify_every` replays costs
+/// (issue 27): mean ms per step over the same steps with the checks and without, side
+/// by side in rounds that alternate between two trainers of the same model.
+pub struct CheckCost {
+    pub verify_every: usize,
+    pub steps_per_round: usize,
+    pub rounds: usize,
+    /// Mean ms per step with checks (every round's wall time over its steps, median of
+    /// the rounds), and without.
+    pub checked_ms: f64,
+    pub unchecked_ms: f64,
+    /// Check steps (`ReplayCheck`) the checked trainer ran in the timed rounds.
+    pub checks: u64,
+}
+
+pub fn check_cost<G: Stack, M: Model<G>>(
+    work: &Workload,
+    device: &CudaGraphDevice,
+    verify_every: usize,
+) -> CheckCost {
+    let batches = work.batches::<TrainBackend<G>>(device);
+    let config = GraphTrainerConfig::new().with_warmup_steps(WARMUP);
+    let mut checked = captured_with::<G, M>(
+        work,
+        &batches,
+        device,
+        None,
+        config.clone().with_verify_every(verify_every),
+    );
+    let mut unchecked =
+        captured_with::<G, M>(work, &batches, device, None, config.with_verify_every(0));
+    let (rounds, steps_per_round) = (5, 2 * verify_every.max(50));
+    let mut next = batches.iter().cycle();
+    let mut round = |trainer: &mut Trainer<G, M>| {
+        let start = std::time::Instant::now();
+        let mut last = None;
+        for _ in 0..steps_per_round {
+            let outcome = trainer.step(next.next().unwrap().clone()).expect("step");
+            last = Some(outcome.output);
+        }
+        read::<G>(last.expect("a step"));
+        start.elapsed().as_secs_f64() * 1e3 / steps_per_round as f64
+    };
+    let checks_before = checked.report().fallbacks.get("ReplayCheck").copied();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        with.push(round(&mut checked));
+        without.push(round(&mut unchecked));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let checks = checked.report().fallbacks.get("ReplayCheck").copied();
+    CheckCost {
+        verify_every,
+        steps_per_round,
+        rounds,
+        checked_ms: median(with),
+        unchecked_ms: median(without),
+        checks: checks.unwrap_or(0) - checks_before.unwrap_or(0),
     }
 }
 

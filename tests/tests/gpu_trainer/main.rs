@@ -24,6 +24,9 @@
 //!   trainer, aborts and leaks, two ranks on one GPU refused;
 //! - `two_gpus`: issue 16's acceptance on two GPUs (two ranks against one GPU on the
 //!   combined batch, a killed rank process); these fail at once on fewer GPUs;
+//! - `stale`: issue 27: a target network, a constant and a host weight that change
+//!   after the capture, and structure changes through `put_model` (unfreezing, a head
+//!   re-initialised, an embedding grown);
 //! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
 //!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
@@ -74,4 +77,5 @@ mod models;
 #[path = "../common/fused_lstm_parity.rs"]
 mod parity;
 mod soak;
+mod stale;
 mod two_gpus;
