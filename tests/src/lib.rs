@@ -23,6 +23,9 @@ pub mod dropout {}
 #[doc = include_str!("../../book/src/multi-gpu.md")]
 pub mod multi_gpu {}
 
+#[doc = include_str!("../../book/src/fallbacks.md")]
+pub mod fallbacks {}
+
 #[doc = include_str!("../../book/src/report.md")]
 pub mod report {}
 

@@ -7,7 +7,10 @@
 //! the step, a second trainer sharing the model) and a sequence of events: steps of
 //! changing shapes (partial batches, sequence lengths beyond `max_graphs`), learning-rate
 //! changes, snapshots, take-out and put-back, a model reloaded from a record, eager work
-//! between steps, the second trainer's steps and its drop. Checks:
+//! between steps, the second trainer's steps and its drop; and issue 27's world around
+//! the step: a constant the loop replaces, one the step builds on first use, an anchor
+//! cloned from the initial model, and structure changes through `put_model` (a layer
+//! frozen or unfrozen, the last parameter re-initialised, an embedding grown). Checks:
 //! - every loss and the final parameters equal the eager loop's, bit for bit (for
 //!   programs that draw random numbers, the trainer's with capture off: the draws come
 //!   from the trainer's generator);
@@ -22,13 +25,17 @@
 mod models;
 
 use burn::backend::Flex;
-use burn::module::AutodiffModule;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, ElementConversion};
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{
-    FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepInput, StepMode,
-    TrainBackend,
+    FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepChange, StepInput,
+    StepMode, TrainBackend,
 };
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
@@ -64,7 +71,8 @@ fn trace(run: &str, index: usize, event: &Event, detail: &str, params: impl FnOn
 /// On the H200, session 9 (`bench/results/inputs-2026-12-01.md`): 14 and 38 (pins packed
 /// tight where eager tensors were pitched), 197 (a copy into a pitched pin refused), and
 /// 145, 174, 199, 281 (token LM after a take-out or a reload: still open there).
-const REGRESSION_SEEDS: &[u64] = &[3, 8, 11, 111, 147, 14, 38, 197, 145, 174, 199, 281];
+/// Issue 27: 20 (a frozen layer reloaded into the template, whose layers all train).
+const REGRESSION_SEEDS: &[u64] = &[3, 8, 11, 111, 147, 14, 38, 197, 145, 174, 199, 281, 20];
 
 /// Graph shapes a trainer keeps: three sequence lengths exceed it.
 const MAX_GRAPHS: usize = 2;
@@ -87,6 +95,13 @@ struct Flags {
     random: bool,
     /// A second trainer shares the model from the start.
     shared: bool,
+    /// Issue 27: the step reads a constant the loop holds, which `ReplaceConstant`
+    /// events replace.
+    constant: bool,
+    /// Issue 27: the step builds a constant on its first call and reads it from then on.
+    lazy: bool,
+    /// Issue 27: the step reads an anchor, a clone of the initial model (L2-SP).
+    anchor: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -106,6 +121,23 @@ enum Event {
     EagerWork(usize),
     SecondStep,
     DropSecond,
+    /// Issue 27: `take_model`, a change of structure, `put_model`.
+    Restructure(Change),
+    /// Issue 27: the loop replaces the constant the step reads.
+    ReplaceConstant,
+}
+
+/// A change of a model's structure through `put_model` (issue 27).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Change {
+    /// The first parameter stops training.
+    FreezeFirst,
+    /// Every parameter trains.
+    UnfreezeAll,
+    /// The last parameter re-initialised: new values under a new id (a new head).
+    ReinitLast,
+    /// The token model's embedding grows by two rows under its id (a vocabulary grown).
+    GrowEmbedding,
 }
 
 #[derive(Clone, Debug)]
@@ -130,6 +162,7 @@ impl Program {
             host_read: rng.random_range(0..8) == 0,
             random: rng.random_range(0..8) == 0,
             shared: rng.random_range(0..5) == 0,
+            ..Flags::default()
         };
         // Drawn apart, so that each seed's events are the ones it drew before layouts
         // were fuzzed (the regression seeds stay the programs that failed).
@@ -155,6 +188,30 @@ impl Program {
             };
             events.push(event);
         }
+        // Issue 27's flags and events, also drawn apart (earlier seeds keep their draws).
+        let mut world = StdRng::seed_from_u64(seed ^ 0x27_5a1e);
+        let flags = Flags {
+            constant: world.random_range(0..5) == 0,
+            lazy: world.random_range(0..6) == 0,
+            anchor: world.random_range(0..6) == 0,
+            ..flags
+        };
+        for _ in 0..world.random_range(0..3) {
+            let change = match world.random_range(0..4) {
+                0 => Change::FreezeFirst,
+                1 => Change::UnfreezeAll,
+                2 if kind == Kind::Token => Change::GrowEmbedding,
+                _ => Change::ReinitLast,
+            };
+            let at = world.random_range(0..=events.len());
+            events.insert(at, Event::Restructure(change));
+        }
+        if flags.constant {
+            for _ in 0..world.random_range(1..3) {
+                let at = world.random_range(0..=events.len());
+                events.insert(at, Event::ReplaceConstant);
+            }
+        }
         Self {
             seed,
             kind,
@@ -162,6 +219,97 @@ impl Program {
             events,
         }
     }
+}
+
+/// What the step reads besides the model and the batch (issue 27): the loop's constant,
+/// the step's lazily built one, an anchor (a clone of the initial model). Each run has
+/// its own, made alike.
+struct World<G: GraphBackend, M> {
+    constant: RefCell<Tensor<T<G>, 1>>,
+    replaced: Cell<u32>,
+    lazy: RefCell<Option<Tensor<T<G>, 1>>>,
+    anchor: M,
+}
+
+impl<G: GraphBackend, M> World<G, M> {
+    fn new(anchor: M) -> Self {
+        Self {
+            constant: RefCell::new(Tensor::from_floats([0.5], &Default::default())),
+            replaced: Cell::new(0),
+            lazy: RefCell::new(None),
+            anchor,
+        }
+    }
+
+    /// `ReplaceConstant`: a new tensor of another value (the old one is dropped).
+    fn replace_constant(&self) {
+        self.replaced.set(self.replaced.get() + 1);
+        let value = 0.5 + 0.25 * self.replaced.get() as f32;
+        *self.constant.borrow_mut() = Tensor::from_floats([value], &Default::default());
+    }
+}
+
+/// The model's last float parameter, flattened.
+fn last_param<B: Backend, M: Module<B>>(model: &M) -> Tensor<B, 1> {
+    struct Last<B: Backend>(Option<Tensor<B, 1>>);
+    impl<B: Backend> ModuleVisitor<B> for Last<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0 = Some(param.val().flatten(0, D - 1));
+        }
+    }
+    let mut last = Last(None);
+    model.visit(&mut last);
+    last.0.expect("a float parameter")
+}
+
+/// `model` after `change`; `tag` makes a re-initialised parameter's new id.
+fn changed<B: AutodiffBackend, M: Module<B>>(model: M, change: Change, tag: usize) -> M {
+    struct Count(usize);
+    impl<B: Backend> ModuleVisitor<B> for Count {
+        fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<B, D>>) {
+            self.0 += 1;
+        }
+    }
+    struct Apply {
+        change: Change,
+        index: usize,
+        last: usize,
+        tag: usize,
+    }
+    impl<B: AutodiffBackend> ModuleMapper<B> for Apply {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let index = self.index;
+            self.index += 1;
+            match self.change {
+                Change::FreezeFirst if index == 0 => param.set_require_grad(false),
+                // A fresh leaf on the same buffer (a tensor an op made cannot be turned
+                // into one that requires gradients).
+                Change::UnfreezeAll => {
+                    param.map(|tensor| Tensor::from_inner(tensor.inner()).require_grad())
+                }
+                Change::ReinitLast if index == self.last => {
+                    let (_, tensor, _) = param.consume();
+                    let fresh = Tensor::from_inner(tensor.inner() * 0.5).require_grad();
+                    Param::initialized(ParamId::from(0x2700_0000 + self.tag as u64), fresh)
+                }
+                Change::GrowEmbedding if index == 0 && D == 2 => param.map(|table| {
+                    let mut dims = table.dims();
+                    dims[0] = 2;
+                    let rows = Tensor::<B::InnerBackend, D>::zeros(dims, &table.device());
+                    Tensor::from_inner(Tensor::cat(vec![table.inner(), rows], 0)).require_grad()
+                }),
+                _ => param,
+            }
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    model.map(&mut Apply {
+        change,
+        index: 0,
+        last: count.0.saturating_sub(1),
+        tag,
+    })
 }
 
 /// A model family the fuzzer trains: its model, batches and loss.
@@ -280,10 +428,26 @@ impl<G: GraphBackend> Subject<G> for TokenSubject {
 fn step_loss<G: GraphBackend, S: Subject<G>>(
     subject: S,
     flags: Flags,
+    world: &World<G, S::Model>,
     model: &S::Model,
     batch: &S::Batch,
 ) -> Tensor<T<G>, 1> {
-    let loss = subject.loss(model, batch);
+    let mut loss = subject.loss(model, batch);
+    if flags.constant {
+        loss = loss + world.constant.borrow().clone() * 1e-3;
+    }
+    if flags.lazy {
+        let built = world
+            .lazy
+            .borrow_mut()
+            .get_or_insert_with(|| Tensor::<T<G>, 1>::ones([1], &loss.device()) * 0.25)
+            .clone();
+        loss = loss + built * 1e-3;
+    }
+    if flags.anchor {
+        let drift = last_param(model) - last_param(&world.anchor).detach();
+        loss = loss + drift.powi_scalar(2).sum() * 1e-3;
+    }
     if flags.host_read {
         let _read: f32 = loss.clone().into_scalar().elem();
     }
@@ -323,19 +487,25 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             .with_learning_rate(3e-3)
             .init::<T<G>>(&device)
     };
-    let closure = move |m: &S::Model, b: &S::Batch| step_loss::<G, S>(subject, flags, m, b);
     let model = start::<G, S>(subject, program.seed);
+    let world = Rc::new(World::<G, S::Model>::new(model.clone()));
+    let closure = {
+        let world = Rc::clone(&world);
+        move |m: &S::Model, b: &S::Batch| step_loss::<G, S>(subject, flags, &world, m, b)
+    };
     // The structure reloads load into: no random draws after `start`.
     let template = model.clone();
     let mut second = flags
         .shared
-        .then(|| GraphTrainer::new(model.clone(), adam(), closure, config.clone()));
+        .then(|| GraphTrainer::new(model.clone(), adam(), closure.clone(), config.clone()));
     let mut trainer = GraphTrainer::new(model, adam(), closure, config);
     let mut trace = Trace::default();
     let mut kept = Vec::new();
     // Whether the two trainers still hold the same buffers: until a step of either (its
-    // update moves every parameter) or a reload (an upload) parts them.
+    // update moves every parameter it trains) or a reload (an upload) parts them. A
+    // parameter the first trainer froze stays where it is, shared.
     let mut parted = second.is_none();
+    let mut frozen = false;
     for (index, event) in program.events.iter().enumerate() {
         match *event {
             Event::Step { batch, time } => {
@@ -349,7 +519,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
                     G::supports_hardware_graphs(&device) && capture,
                 )
                 .map_err(|e| format!("event {index}: {e}"))?;
-                parted = true;
+                parted |= !frozen;
                 let loss: f32 = outcome.output.into_scalar().elem();
                 trace.losses.push(loss.to_bits());
                 let detail = format!("{:?} loss {loss}", outcome.mode);
@@ -375,7 +545,9 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             Event::Reload => {
                 let bytes = to_bytes(trainer.model().ok_or("model missing")?.clone());
                 trainer.put_model(load_bytes(template.clone(), bytes, &device));
-                parted = true;
+                // Into the template, whose parameters all train (`load_record` keeps the
+                // module's flags).
+                (parted, frozen) = (true, false);
             }
             Event::EagerWork(size) => {
                 eager_work::<G, _>(trainer.model().ok_or("model missing")?, size)
@@ -399,6 +571,16 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
                 }
             }
             Event::DropSecond => second = None,
+            Event::Restructure(change) => {
+                frozen = match change {
+                    Change::FreezeFirst => true,
+                    Change::UnfreezeAll => false,
+                    _ => frozen,
+                };
+                let model = trainer.take_model().ok_or("take_model gave nothing")?;
+                trainer.put_model(changed(model, change, index));
+            }
+            Event::ReplaceConstant => world.replace_constant(),
         }
         if let Some(model) = trainer.model() {
             self::trace("graphed", index, event, "", || parameter_bits(model));
@@ -462,6 +644,13 @@ fn check_reason(
             FallbackReason::SharedWithTrainer(_) => sharing,
             _ if sharing => false,
             FallbackReason::Warmup | FallbackReason::ModelReplaced => true,
+            // Issue 27: a warmup that starts over, for what the step reads besides the
+            // model and the batch; a graph whose constant the loop replaced.
+            FallbackReason::UnlistedInput { .. } => flags.constant || flags.anchor || flags.lazy,
+            FallbackReason::NonStaticControlFlow { .. } => flags.lazy,
+            FallbackReason::GraphStale {
+                change: StepChange::ConstantDropped { .. },
+            } => hardware && flags.constant,
             // Graphs are checked against an eager step every `verify_every` replays.
             FallbackReason::ReplayCheck => hardware && !breakers,
             FallbackReason::NoHardwareGraphs => !hardware && !breakers,
@@ -488,6 +677,9 @@ fn check_reason(
 fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace {
     let device = Default::default();
     let model = start::<G, S>(subject, program.seed);
+    let world = World::<G, S::Model>::new(model.clone());
+    // The structure reloads load into, as in the graphed run.
+    let template = model.clone();
     let adam = || {
         let mut optimizer: CapturableAdam<T<G>> = CapturableAdamConfig::new()
             .with_learning_rate(3e-3)
@@ -507,7 +699,7 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
     // kernels (bench/results/inputs-2026-12-01.md).
     G::sync(&device).expect("device sync");
     let step = |model: S::Model, optimizer: &mut CapturableAdam<T<G>>, batch: &S::Batch| {
-        let loss = step_loss::<G, S>(subject, program.flags, &model, batch);
+        let loss = step_loss::<G, S>(subject, program.flags, &world, &model, batch);
         let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
         let model = optimizer.step(model, grads);
         // Burn keeps a step's running statistics (BatchNorm) aside until they are read;
@@ -533,7 +725,8 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
             // rows), and so its next step's kernels too (`backend::layout`).
             Event::Reload => {
                 let bytes = to_bytes(model.clone());
-                model = load_bytes(model, bytes, &device);
+                model = load_bytes(template.clone(), bytes, &device);
+                optimizer.fit_state(&model);
                 G::sync(&device).expect("device sync");
             }
             // As the graphed run's `put_model` of the transposed views (which launches
@@ -550,6 +743,13 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
                 }
             }
             Event::DropSecond => second = None,
+            // As the graphed run's `put_model`, whose optimizer state is made to fit.
+            Event::Restructure(change) => {
+                model = changed(model, change, index);
+                optimizer.fit_state(&model);
+                G::sync(&device).expect("device sync");
+            }
+            Event::ReplaceConstant => world.replace_constant(),
             _ => {}
         }
         self::trace("eager", index, event, "", || parameter_bits(&model));
@@ -690,6 +890,9 @@ fn the_generator_covers_every_model_flag_and_event() {
     assert!(programs.iter().any(|p| p.flags.host_read));
     assert!(programs.iter().any(|p| p.flags.random));
     assert!(programs.iter().any(|p| p.flags.shared));
+    assert!(programs.iter().any(|p| p.flags.constant));
+    assert!(programs.iter().any(|p| p.flags.lazy));
+    assert!(programs.iter().any(|p| p.flags.anchor));
     let events: Vec<&Event> = programs.iter().flat_map(|p| &p.events).collect();
     let has = |f: fn(&Event) -> bool| events.iter().any(|e| f(e));
     assert!(has(|e| matches!(e, Event::Step { batch: 3, .. })));
@@ -698,6 +901,18 @@ fn the_generator_covers_every_model_flag_and_event() {
     assert!(has(|e| matches!(e, Event::Snapshot)));
     assert!(has(|e| matches!(e, Event::TakePut { transposed: false })));
     assert!(has(|e| matches!(e, Event::TakePut { transposed: true })));
+    for change in [
+        Change::FreezeFirst,
+        Change::UnfreezeAll,
+        Change::ReinitLast,
+        Change::GrowEmbedding,
+    ] {
+        assert!(
+            events.iter().any(|e| **e == Event::Restructure(change)),
+            "{change:?}"
+        );
+    }
+    assert!(has(|e| matches!(e, Event::ReplaceConstant)));
     assert!(has(|e| matches!(e, Event::Reload)));
     assert!(has(|e| matches!(e, Event::EagerWork(_))));
     assert!(has(|e| matches!(e, Event::SecondStep)));

@@ -79,9 +79,27 @@ impl Drop for OpenWindow<'_> {
 
 /// Bytes from a tensor's first value to its last: its values and the padding between
 /// them (the bytes a pin of it copies).
-fn span_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> Option<u64> {
-    let elements = layout::span(tensor.meta.shape(), tensor.meta.strides())?;
-    Some((elements * tensor.dtype.size()) as u64)
+fn reach_bytes(tensor: &CubeTensor<CudaGraphRuntime>) -> u64 {
+    let elements = layout::reach(tensor.meta.shape(), tensor.meta.strides());
+    (elements * tensor.dtype.size()) as u64
+}
+
+/// Whether a pin or a lent copy keeps the tensor's layout (`layout::pinnable_as_it_lies`).
+fn pinnable(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
+    layout::pinnable_as_it_lies(tensor.meta.shape(), tensor.meta.strides())
+}
+
+/// `bytes` in the arena, for a pin of `tensor`.
+fn arena_alloc(tensor: &CubeTensor<CudaGraphRuntime>, bytes: u64) -> Result<Handle, GraphError> {
+    with_server(&tensor.device, move |server| server.arena_alloc(bytes))
+        .and_then(|r| r)
+        .map_err(runtime_err)
+}
+
+/// Whether a batch tensor's pin keeps its layout (`layout::input_pinnable_as_it_lies`).
+fn input_kept(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
+    let (shape, strides) = (tensor.meta.shape(), tensor.meta.strides());
+    layout::input_pinnable_as_it_lies(shape, strides, tensor.dtype.size())
 }
 
 /// How long a capture waits for another thread's window to close before it gives up
@@ -192,17 +210,15 @@ impl GraphBackend for CudaCube {
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         map_cube(tensor, |tensor| {
-            copy_as_it_lies(tensor, |tensor, bytes| {
-                with_server(&tensor.device, move |server| server.arena_alloc(bytes))
-                    .and_then(|r| r)
-                    .map_err(runtime_err)
-            })
+            let keep = pinnable(&tensor);
+            copy_as_it_lies(tensor, keep, arena_alloc)
         })
     }
 
     fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         map_cube(tensor, |tensor| {
-            copy_as_it_lies(tensor, |tensor, bytes| {
+            let keep = pinnable(&tensor);
+            copy_as_it_lies(tensor, keep, |tensor, bytes| {
                 Ok(tensor.client.empty(bytes as usize))
             })
         })
@@ -221,17 +237,24 @@ impl GraphBackend for CudaCube {
             )));
         }
         let shape: &[usize] = dst.meta.shape();
-        if !layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
+        let packed;
+        let src = if layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
+            src
+        } else if layout::is_packed(shape, dst.meta.strides()) && !input_kept(src) {
+            // A batch tensor too wide to pin as it lies (`pin_input`) was pinned packed:
+            // it is packed again for each copy.
+            packed = into_contiguous(src.clone());
+            &packed
+        } else {
             return Err(GraphError::LayoutDiffers {
                 shape: shape.to_vec(),
                 pinned: dst.meta.strides().to_vec(),
                 given: src.meta.strides().to_vec(),
             });
-        }
-        // Every value lies where the pin keeps it: one copy of the span (which depends
-        // only on the strides `same_placement` compared).
-        let bytes = span_bytes(dst)
-            .ok_or_else(|| GraphError::CopyMismatch("the destination's indices overlap".into()))?;
+        };
+        // Every value lies where the pin keeps it: one copy of what the view reaches
+        // (which depends only on the strides `same_placement` compared).
+        let bytes = reach_bytes(dst);
         let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
         with_server(&dst.device, move |server| {
             server.copy_device(from, to, bytes)
@@ -247,6 +270,15 @@ impl GraphBackend for CudaCube {
             .ok()?
             .ok()
             .map(BufferId)
+    }
+
+    /// As `pin`, but a view that reaches mostly other values (a column of a wider
+    /// upload, an expanded mask) keeps its layout too, within a copy size per replay.
+    fn pin_input(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        map_cube(tensor, |tensor| {
+            let keep = input_kept(&tensor);
+            copy_as_it_lies(tensor, keep, arena_alloc)
+        })
     }
 
     /// A handle on the tensor's memory: CubeCL counts the handles of an allocation
@@ -265,16 +297,15 @@ impl GraphBackend for CudaCube {
 /// buffer) is packed first.
 fn copy_as_it_lies(
     tensor: CubeTensor<CudaGraphRuntime>,
+    keep: bool,
     alloc: impl FnOnce(&CubeTensor<CudaGraphRuntime>, u64) -> Result<Handle, GraphError>,
 ) -> Result<CubeTensor<CudaGraphRuntime>, GraphError> {
-    let tensor = if layout::pinnable_as_it_lies(tensor.meta.shape(), tensor.meta.strides()) {
+    let tensor = if keep {
         tensor
     } else {
         into_contiguous(tensor)
     };
-    let bytes = span_bytes(&tensor).ok_or_else(|| {
-        GraphError::CopyMismatch("a tensor whose indices overlap cannot be copied".into())
-    })?;
+    let bytes = reach_bytes(&tensor);
     let handle = alloc(&tensor, bytes)?;
     let (from, to) = (tensor.handle.clone().binding(), handle.clone().binding());
     with_server(&tensor.device, move |server| {

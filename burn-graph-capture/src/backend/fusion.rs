@@ -170,6 +170,10 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         Ok(rewrapped(&tensor, B::pin(resolve::<B>(&tensor))?))
     }
 
+    fn pin_input(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        Ok(rewrapped(&tensor, B::pin_input(resolve::<B>(&tensor))?))
+    }
+
     fn duplicate(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         Ok(rewrapped(&tensor, B::duplicate(resolve::<B>(&tensor))?))
     }

@@ -160,6 +160,14 @@ pub trait GraphBackend:
     /// Moves a tensor's values into the arena, where its address stays fixed.
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError>;
 
+    /// [`pin`](Self::pin) for a batch tensor, the static input of a graph: a backend
+    /// whose kernels follow strides keeps the layout of views that `pin` would pack (a
+    /// column of a wider upload, an expanded mask), so that the graph reads its input as
+    /// eager kernels read the batch. The default pins.
+    fn pin_input(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        Self::pin(tensor)
+    }
+
     /// Copies `src`'s values into the storage of `dst`, which must be pinned and of the
     /// same kind, shape, dtype and layout ([`GraphError::LayoutDiffers`] otherwise).
     /// Inside a capture this is recorded as a device copy.
@@ -293,6 +301,10 @@ impl<B: GraphBackend> GraphBackend for super::GraphCapture<B> {
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
         B::pin(tensor.into_inner()).map(AnyTensor::from_inner)
+    }
+
+    fn pin_input(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+        B::pin_input(tensor.into_inner()).map(AnyTensor::from_inner)
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {

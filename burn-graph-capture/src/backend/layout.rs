@@ -40,6 +40,43 @@ pub(crate) fn pinnable_as_it_lies(shape: &[usize], strides: &[usize]) -> bool {
     span(shape, strides).is_some_and(|span| span <= 4 * values + 64)
 }
 
+/// Elements from a layout's first index to its last: what a copy of its values as they
+/// lie covers. Unlike [`span`], indices may share elements: a broadcast dimension
+/// (stride 0) reaches nothing further.
+pub(crate) fn reach(shape: &[usize], strides: &[usize]) -> usize {
+    if shape.contains(&0) {
+        return 0;
+    }
+    1 + shape
+        .iter()
+        .zip(strides)
+        .map(|(size, stride)| (size - 1) * stride)
+        .sum::<usize>()
+}
+
+/// Most bytes a replay copies for one batch tensor kept as it lies.
+const MAX_INPUT_REACH_BYTES: usize = 16 << 20;
+
+/// Whether a batch tensor's pin keeps its layout: also a view whose reach is mostly
+/// other values (a target column sliced from a wide upload, an `expand`ed mask), as long
+/// as copying that reach each replay stays small. Kernels then read the pin as eager
+/// kernels read the view; a larger view is pinned packed, and each replay packs it.
+pub(crate) fn input_pinnable_as_it_lies(shape: &[usize], strides: &[usize], elem: usize) -> bool {
+    pinnable_as_it_lies(shape, strides) || reach(shape, strides) * elem <= MAX_INPUT_REACH_BYTES
+}
+
+/// Whether a layout is packed tight in row-major order (size-1 dimensions aside).
+pub(crate) fn is_packed(shape: &[usize], strides: &[usize]) -> bool {
+    let mut expected = 1;
+    for (&size, &stride) in shape.iter().zip(strides).rev() {
+        if size > 1 && stride != expected {
+            return false;
+        }
+        expected *= size;
+    }
+    true
+}
+
 /// Whether two layouts of `shape` put every value at the same offset: equal strides
 /// wherever a dimension has more than one index.
 pub(crate) fn same_placement(shape: &[usize], a: &[usize], b: &[usize]) -> bool {
@@ -77,6 +114,27 @@ mod tests {
         // One column of a wide buffer, a broadcast.
         assert!(!pinnable_as_it_lies(&[64, 1], &[1024, 1]));
         assert!(!pinnable_as_it_lies(&[4, 4], &[0, 1]));
+    }
+
+    #[test]
+    fn the_reach_of_views_and_broadcasts() {
+        assert_eq!(reach(&[2, 3], &[3, 1]), 6);
+        // A [64, 1] column of a [64, 1024] upload reaches almost all of it.
+        assert_eq!(reach(&[64, 1], &[1024, 1]), 63 * 1024 + 1);
+        // An expanded [4, 8] mask of one row reaches that row.
+        assert_eq!(reach(&[4, 8], &[0, 1]), 8);
+        assert_eq!(reach(&[0, 8], &[8, 1]), 0);
+        assert!(input_pinnable_as_it_lies(&[64, 1], &[1024, 1], 4));
+        assert!(input_pinnable_as_it_lies(&[4, 8], &[0, 1], 4));
+        assert!(!input_pinnable_as_it_lies(&[4096, 1], &[4096, 1], 4));
+    }
+
+    #[test]
+    fn packed_layouts_are_row_major_and_dense() {
+        assert!(is_packed(&[2, 3], &[3, 1]));
+        assert!(is_packed(&[2, 1, 3], &[3, 7, 1]));
+        assert!(!is_packed(&[2, 3], &[4, 1]));
+        assert!(!is_packed(&[3, 2], &[1, 3]));
     }
 
     #[test]

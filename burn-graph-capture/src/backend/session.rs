@@ -255,6 +255,19 @@ impl Recording {
     }
 }
 
+/// Whether an open keeping session would keep a read of `allocation`: one it did not
+/// produce or read before, and was not told to skip.
+fn wanted(allocation: &AllocationId) -> bool {
+    KEEPING.with(Cell::get) != 0
+        && RECORDINGS.with(|recordings| {
+            recordings.borrow().iter().any(|(_, recording)| {
+                recording.kept.skip.as_ref().is_some_and(|skip| {
+                    !skip.contains(allocation) && !recording.known.contains(allocation)
+                })
+            })
+        })
+}
+
 /// Collects one op's inputs and outputs. Only used while a session is open.
 #[derive(Default)]
 pub(crate) struct OpRecorder {
@@ -275,10 +288,14 @@ impl OpRecorder {
             shape: tensor.shape(),
             dtype: tensor.dtype(),
         };
-        self.reads.push((tensor.allocation_id(), sig.clone()));
-        let keeping = KEEPING.with(Cell::get) != 0;
+        let allocation = tensor.allocation_id();
+        // A handle more on a tensor can change the op's in-place decisions (CubeCL and
+        // fusion write in place into tensors no one else holds): only the constants a
+        // keeping session wants are cloned, which their owners hold anyway.
+        let keep = allocation.as_ref().is_some_and(wanted);
         self.primitives
-            .push(keeping.then(|| Arc::new(tensor.clone()) as Arc<dyn Any + Send + Sync>));
+            .push(keep.then(|| Arc::new(tensor.clone()) as Arc<dyn Any + Send + Sync>));
+        self.reads.push((allocation, sig.clone()));
         self.inputs.push(sig);
     }
 
@@ -382,7 +399,7 @@ pub struct CaptureSession {
 impl CaptureSession {
     /// Opens a session on this thread.
     pub fn begin() -> Self {
-        Self::open(Recording::default())
+        Self::open(Recording::default(), false)
     }
 
     /// Opens a session that also keeps a handle on each tensor it reads from outside,
@@ -400,13 +417,10 @@ impl CaptureSession {
             },
             ..Recording::default()
         };
-        Self {
-            keeping: true,
-            ..Self::open(recording)
-        }
+        Self::open(recording, true)
     }
 
-    fn open(recording: Recording) -> Self {
+    fn open(recording: Recording, keeping: bool) -> Self {
         let id = NEXT_ID.with(|next| {
             let id = next.get();
             next.set(id + 1);
@@ -416,7 +430,7 @@ impl CaptureSession {
         OPEN.with(|open| open.set(open.get() + 1));
         Self {
             id,
-            keeping: false,
+            keeping,
             _thread_bound: PhantomData,
         }
     }
@@ -497,6 +511,75 @@ mod tests {
         assert_eq!(a.signature.first_difference(&ab.signature), Some(1));
         assert_eq!(a.signature.first_difference(&c.signature), Some(0));
         assert_ne!(a.signature.fingerprint(), c.signature.fingerprint());
+    }
+
+    #[test]
+    fn a_keeping_session_keeps_what_it_read_from_outside_except_what_it_skips() {
+        use crate::backend::identity::Allocated;
+
+        #[derive(Clone, Debug)]
+        struct Fake(u64);
+        impl Allocated for Fake {
+            fn allocation_id(&self) -> Option<AllocationId> {
+                Some(AllocationId::unique(self.0))
+            }
+        }
+        impl TensorMetadata for Fake {
+            fn dtype(&self) -> DType {
+                DType::F32
+            }
+            fn shape(&self) -> Shape {
+                Shape::new([1])
+            }
+            fn rank(&self) -> usize {
+                1
+            }
+        }
+        let skip = HashSet::from([AllocationId::unique(1)]);
+        let session = CaptureSession::begin_keeping(skip);
+        let plain = CaptureSession::begin();
+        record_op("a", None, |r| {
+            r.tensor(&Fake(1));
+            r.tensor(&Fake(2));
+            let cloned: Vec<bool> = r.primitives.iter().map(Option::is_some).collect();
+            assert_eq!(
+                cloned,
+                [false, true],
+                "only what the session keeps is cloned"
+            );
+        });
+        // Read again, or produced by the session: never cloned.
+        record_op("b", None, |r| {
+            r.tensor(&Fake(2));
+            assert!(r.primitives.iter().all(Option::is_none), "known by now");
+            r.output(&Fake(3));
+        });
+        record_op("c", None, |r| {
+            r.tensor(&Fake(3));
+            assert!(
+                r.primitives.iter().all(Option::is_none),
+                "produced in the session"
+            );
+        });
+        let recording = session.finish();
+        let other = plain.finish();
+        assert!(
+            recording
+                .kept()
+                .get::<Fake>(&AllocationId::unique(1))
+                .is_none()
+        );
+        assert_eq!(
+            recording
+                .kept()
+                .get::<Fake>(&AllocationId::unique(2))
+                .unwrap()
+                .0,
+            2
+        );
+        assert!(other.kept().get::<Fake>(&AllocationId::unique(2)).is_none());
+        assert!(!is_recording(), "both sessions closed");
+        assert_eq!(KEEPING.with(Cell::get), 0);
     }
 
     #[test]

@@ -716,7 +716,7 @@ fn once_if_layout(error: GraphError, otherwise: impl FnOnce(GraphError) -> Fallb
 /// Pinned copies of the batch's tensors: the static inputs a capture records (and the
 /// last warmup step runs on).
 fn pin_inputs<G: GraphBackend>(inputs: &[AnyTensor<G>]) -> Result<Vec<AnyTensor<G>>, GraphError> {
-    inputs.iter().cloned().map(G::pin).collect()
+    inputs.iter().cloned().map(G::pin_input).collect()
 }
 
 /// `batch` with its tensors replaced by `inputs` (the same kinds and shapes, in order).

@@ -61,8 +61,14 @@ pub struct StepOutcome<T> {
 /// computed. A replay does not call the closure: it repeats what the captured call did. The
 /// closure must therefore be a function of the model and the batch, plus tensors that
 /// stay the same tensors (a mask built once, say): the guard checks this over the warmup
-/// steps and the capture, not afterwards. Tensors the closure keeps beyond a call alias
-/// the trainer's buffers.
+/// steps and the capture. After the capture, each replay checks that the tensors the
+/// graph reads as constants are still held outside it (a target network the loop
+/// replaced is found before the next replay), and every
+/// [`verify_every`](GraphTrainerConfig::verify_every) replays one step runs eagerly and
+/// is compared with the graph, which finds a host value or branch that changed; until
+/// then replays use the captured values. A host value that changes between steps
+/// belongs in the batch, as a tensor or a `#[step_input(key)]` field. Tensors the
+/// closure keeps beyond a call alias the trainer's buffers.
 ///
 /// # Panics in the step closure
 /// The closure borrows the model, and the update is applied only after it returns. A

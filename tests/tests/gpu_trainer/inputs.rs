@@ -84,7 +84,7 @@ pub(crate) struct Run {
 type Trainer<G, M, I, F> = GraphTrainer<G, M, CapturableAdam<B<G>>, I, F>;
 
 /// `steps` trainer steps on `batch(step)`, the learning rate changed every step.
-fn graphed<G, M, I, F>(
+pub(crate) fn graphed<G, M, I, F>(
     model: M,
     steps: usize,
     mut batch: impl FnMut(usize) -> I,
@@ -112,7 +112,7 @@ where
 /// The same training as plain Burn code; `after` runs after each optimizer step. Its
 /// model and optimizer state are materialized first, as the trainer's are when it is
 /// built (`materialize`).
-fn eager<G, M, I>(
+pub(crate) fn eager<G, M, I>(
     mut model: M,
     steps: usize,
     mut batch: impl FnMut(usize) -> I,

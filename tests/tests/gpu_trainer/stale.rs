@@ -12,7 +12,9 @@
 //!    throughout and equals eager training;
 //! 3. structure changes through `put_model` (unfreezing, a head re-initialised, an
 //!    embedding grown under its id) re-fit the optimizer state, warm up again and
-//!    replay again within warmup + 2 steps, equal to eager.
+//!    replay again within warmup + 2 steps, equal to eager;
+//! 4. a batch whose target is a column sliced from a wider upload and whose mask is
+//!    expanded over the batch replays (their pins keep the views' layouts).
 //!
 //! Small sizes: `gpu-check.sh` also runs these under compute-sanitizer memcheck.
 
@@ -259,46 +261,20 @@ struct Weighted<B: Backend> {
 /// The schedule of the test above as the guide recommends: the weight in the batch.
 fn a_host_weight_in_the_batch_replays_and_equals_eager<G: Stack>() {
     let steps = 50;
-    let weight_at = |step: usize| if step < 30 { 1.0f32 } else { 0.5 };
     let weighted = |model: &Model<G>, input: &Weighted<B<G>>| {
         loss::<G>(model, &input.batch) * input.weight.clone()
     };
-    let bytes = model_bytes(SMALL);
-    let input = |task: &mut SineTask, step: usize| Weighted {
-        batch: batch::<G>(task, SMALL),
-        weight: Tensor::from_floats([weight_at(step)], &device()),
+    let input = |step: usize| Weighted {
+        batch: batch::<G>(
+            &mut SineTask::new(900 + step as u64, crate::common::D_INPUT),
+            SMALL,
+        ),
+        weight: Tensor::from_floats([if step < 30 { 1.0f32 } else { 0.5 }], &device()),
     };
-    let mut trainer = GraphTrainer::new(
-        model::<G>(SMALL, &bytes),
-        adam::<G>(),
-        weighted,
-        GraphTrainerConfig::new(),
-    );
-    let mut task = SineTask::new(29, crate::common::D_INPUT);
-    let mut graphed = Run::default();
-    for step in 0..steps {
-        trainer.set_lr(lr_at(LR, step));
-        let outcome = trainer.step(input(&mut task, step)).expect("step");
-        graphed.modes.push(outcome.mode);
-        graphed.losses.push(outcome.output.into_scalar().elem());
-    }
-    graphed.params = parameter_values(&trainer.model().expect("model").valid());
+    let bytes = model_bytes(SMALL);
+    let (graphed, _) = crate::inputs::graphed(model::<G>(SMALL, &bytes), steps, input, weighted);
     crate::common::assert_warmup_capture_replay(&graphed.modes);
-
-    let mut plain = model::<G>(SMALL, &bytes);
-    let mut optimizer = adam::<G>();
-    optimizer.init_state(&plain);
-    materialize::<G>();
-    let mut task = SineTask::new(29, crate::common::D_INPUT);
-    let mut eager = Run::default();
-    for step in 0..steps {
-        optimizer.set_lr(lr_at(LR, step));
-        let l = weighted(&plain, &input(&mut task, step));
-        let grads = GradientsParams::from_grads(l.backward(), &plain);
-        plain = optimizer.step(plain, grads);
-        eager.losses.push(l.into_scalar().elem());
-    }
-    eager.params = parameter_values(&plain.valid());
+    let (eager, _) = crate::inputs::eager(model::<G>(SMALL, &bytes), steps, input, weighted, |m| m);
     check(&case::<G>("host weight in the batch"), &graphed, &eager);
 }
 
@@ -482,7 +458,67 @@ impl<Bk: AutodiffBackend> burn::module::ModuleMapper<Bk> for GrowEmbedding {
     }
 }
 
+/// A batch whose target is a column sliced from a wider upload and whose mask is one
+/// row expanded over the batch: views whose layout a packed pin would not keep.
+#[derive(Clone, Debug, StepInput)]
+struct Views<B: Backend> {
+    x: Tensor<B, 3>,
+    /// `[batch, time, 1]`, strides `[time * 4, 4, 1]`: column 0 of `[batch, time, 4]`.
+    y: Tensor<B, 3>,
+    /// `[batch, time, 1]`, batch stride 0.
+    mask: Tensor<B, 3>,
+}
+
+fn views<G: Stack>(step: usize) -> Views<B<G>> {
+    let plain = batch::<G>(
+        &mut SineTask::new(700 + step as u64, crate::common::D_INPUT),
+        SMALL,
+    );
+    let wide = Tensor::cat(vec![plain.y.clone(); 4], 2);
+    let row: Vec<f32> = (0..SMALL.time)
+        .map(|t| 0.5 + (t % 4) as f32 * 0.25)
+        .collect();
+    let mask = Tensor::<B<G>, 3>::from_data(TensorData::new(row, [1, SMALL.time, 1]), &device())
+        .expand([SMALL.batch, SMALL.time, 1]);
+    Views {
+        x: plain.x,
+        y: wide.narrow(2, 0, 1),
+        mask,
+    }
+}
+
+fn masked_column_loss<G: Stack>(model: &Model<G>, batch: &Views<B<G>>) -> Tensor<B<G>, 1> {
+    ((model.forward(batch.x.clone()) - batch.y.clone()).powi_scalar(2) * batch.mask.clone()).mean()
+}
+
+/// Issue 27's item 6: strided and broadcast batch tensors replay.
+fn a_strided_target_column_and_an_expanded_mask_replay<G: Stack>() {
+    let steps = 30;
+    let bytes = model_bytes(SMALL);
+    let (graphed, _) = crate::inputs::graphed(
+        model::<G>(SMALL, &bytes),
+        steps,
+        views::<G>,
+        masked_column_loss::<G>,
+    );
+    println!("strided views: modes {:?}", graphed.modes);
+    crate::common::assert_warmup_capture_replay(&graphed.modes);
+    let (eager, _) = crate::inputs::eager(
+        model::<G>(SMALL, &bytes),
+        steps,
+        views::<G>,
+        masked_column_loss::<G>,
+        |m| m,
+    );
+    check(
+        &case::<G>("strided column and expanded mask"),
+        &graphed,
+        &eager,
+    );
+}
+
 stack_tests!(
+    a_strided_target_column_and_an_expanded_mask_replay,
     a_target_network_replaced_every_20_steps_equals_eager,
     a_constant_replaced_after_capture_equals_eager,
     a_host_weight_changed_after_capture_is_found_by_the_check,
