@@ -384,6 +384,16 @@ impl Comparison {
 pub const TOLERANCE: f64 = 1e-6;
 
 /// Asserts the default lifecycle: `WARMUP` eager warmup steps, one capture, replays.
+/// The mode of the `i`-th step after a capture (from 0) with the default configuration:
+/// a replay, or the eager check that follows every `every` replays (`ReplayCheck`).
+pub fn expected_after_capture(i: usize, every: usize) -> StepMode {
+    if every > 0 && (i + 1) % (every + 1) == 0 {
+        StepMode::Eager(FallbackReason::ReplayCheck)
+    } else {
+        StepMode::Replayed
+    }
+}
+
 pub fn assert_warmup_capture_replay(modes: &[StepMode]) {
     assert!(
         modes.len() > WARMUP + 1,
@@ -393,10 +403,12 @@ pub fn assert_warmup_capture_replay(modes: &[StepMode]) {
         assert_eq!(*mode, StepMode::Eager(FallbackReason::Warmup), "{modes:?}");
     }
     assert_eq!(modes[WARMUP], StepMode::Captured, "{modes:?}");
+    // After every `verify_every` replays one step checks the graph eagerly.
+    let every = GraphTrainerConfig::new().verify_every;
     let not_replayed: Vec<_> = modes[WARMUP + 1..]
         .iter()
         .enumerate()
-        .filter(|(_, mode)| **mode != StepMode::Replayed)
+        .filter(|(i, mode)| **mode != expected_after_capture(*i, every))
         .map(|(i, mode)| (i + WARMUP + 1, mode))
         .collect();
     assert!(
