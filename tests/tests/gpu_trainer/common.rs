@@ -387,7 +387,7 @@ pub const TOLERANCE: f64 = 1e-6;
 /// The mode of the `i`-th step after a capture (from 0) with the default configuration:
 /// a replay, or the eager check that follows every `every` replays (`ReplayCheck`).
 pub fn expected_after_capture(i: usize, every: usize) -> StepMode {
-    if every > 0 && (i + 1) % (every + 1) == 0 {
+    if every > 0 && (i + 1).is_multiple_of(every + 1) {
         StepMode::Eager(FallbackReason::ReplayCheck)
     } else {
         StepMode::Replayed
