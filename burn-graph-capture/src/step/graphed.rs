@@ -318,10 +318,11 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let recorded = match (rank, recorded) {
             // Ranks launch together or not at all: a recording unlike warmup is this
             // rank's fallback (the step then runs eagerly, on every rank).
-            (Some(_), Ok(Recorded::Differs(step, reason))) => {
+            (Some(rank), Ok(Recorded::Differs(step, reason))) => {
                 self.cache
                     .capture_differed(key, step.observation, reason.clone());
-                Err(Fallback::Once(reason))
+                // The peers still meet this rank at the launch agreement.
+                self.agree_launch(key, Err(Fallback::Once(reason)), rank)
             }
             (Some(rank), recorded) => self.agree_launch(key, recorded, rank),
             (None, recorded) => recorded,
