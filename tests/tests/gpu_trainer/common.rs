@@ -394,6 +394,15 @@ pub fn expected_after_capture(i: usize, every: usize) -> StepMode {
     }
 }
 
+/// Replays in a run of `steps` steps with the default configuration: every step after the
+/// warmup and the capture, less the periodic eager checks.
+pub fn expected_replays(steps: usize) -> usize {
+    let every = GraphTrainerConfig::new().verify_every;
+    (0..steps.saturating_sub(WARMUP + 1))
+        .filter(|i| expected_after_capture(*i, every) == StepMode::Replayed)
+        .count()
+}
+
 pub fn assert_warmup_capture_replay(modes: &[StepMode]) {
     assert!(
         modes.len() > WARMUP + 1,

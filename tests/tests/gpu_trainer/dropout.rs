@@ -20,7 +20,7 @@ use lstm_example::SineTask;
 use lstm_example::model::{DropoutLstmRegressor, DropoutLstmRegressorConfig, Forecaster};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 
-use crate::common::{D_INPUT, MEDIUM, Stack, WARMUP, device, run_length};
+use crate::common::{D_INPUT, MEDIUM, Stack, WARMUP, device, expected_replays, run_length};
 
 fn device_draws_match_the_host_reference<G: Stack>() {
     // An offset two below 2^32: draw 3 crosses into the high word.
@@ -114,7 +114,7 @@ fn replays_draw_fresh_masks<G: Stack>() {
     let steps = WARMUP + 1 + 8;
     let (losses, _, report) = train::<G>(true, 0.0, steps, true);
     assert_eq!(report.modes.captured, 1, "{report:?}");
-    assert_eq!(report.modes.replayed as usize, steps - WARMUP - 1);
+    assert_eq!(report.modes.replayed as usize, expected_replays(steps));
     assert_eq!(
         report.graphed_random_ops.len(),
         1,
@@ -133,7 +133,7 @@ fn replays_equal_eager_training<G: Stack>() {
     let steps = run_length(200);
     let (graphed, graphed_params, report) = train::<G>(true, 1e-2, steps, false);
     let (eager, eager_params, _) = train::<G>(false, 1e-2, steps, false);
-    assert_eq!(report.modes.replayed as usize, steps - WARMUP - 1);
+    assert_eq!(report.modes.replayed as usize, expected_replays(steps));
     let first = graphed.iter().zip(&eager).position(|(a, b)| a != b);
     assert_eq!(first, None, "first differing loss at step {first:?}");
     assert!(graphed_params == eager_params, "final parameters differ");

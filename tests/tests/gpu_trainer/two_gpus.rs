@@ -167,7 +167,12 @@ fn two_ranks_equal_one_gpu_on_the_combined_batch<G: Stack, M: RankModel<G>>(name
             .iter()
             .filter(|m| **m == StepMode::Replayed)
             .count();
-        assert_eq!(replays, steps - WARMUP - 1, "{:?}", rank.modes);
+        assert_eq!(
+            replays,
+            crate::common::expected_replays(steps),
+            "{:?}",
+            rank.modes
+        );
     }
     let between = Diff::of(
         ranks[0].params.iter().flatten(),
