@@ -59,6 +59,8 @@ pub struct LoadedKernel {
     pub cube_dim: CubeDim,
     /// Dynamic shared memory per block (all of the kernel's shared memories, packed).
     pub shared_mem_bytes: u32,
+    /// Launched with `cuLaunchCooperativeKernel` (a `SourceKernel` with a grid barrier).
+    pub cooperative: bool,
 }
 
 /// Compiles kernels and keeps the loaded functions.
@@ -196,6 +198,7 @@ impl KernelCache {
             function,
             cube_dim: compiled.cube_dim,
             shared_mem_bytes: shared as u32,
+            cooperative: super::source_kernel::is_cooperative(kernel.name()),
         })
     }
 }

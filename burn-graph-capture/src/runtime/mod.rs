@@ -15,7 +15,8 @@
 //!   (`graphs`: windows, replays, releases, the arena, device copies);
 //! - `stream`: the one CUDA stream every `StreamId` maps to;
 //! - `storage`: device and pinned pages for the pools;
-//! - `compile`: NVRTC compilation and the kernel cache;
+//! - `compile`: NVRTC compilation and the kernel cache; `source_kernel`: kernels written
+//!   in CUDA C (the persistent LSTM recurrence), compiled and launched like CubeCL's;
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
 //! - [`capture`]: capture windows, graph retention, replay and release;
 //! - `deferred`: other threads' work held while a window is open;
@@ -53,6 +54,7 @@ pub mod nccl;
 pub mod properties;
 mod ptx_cache;
 mod server;
+mod source_kernel;
 mod storage;
 mod stream;
 
@@ -66,6 +68,7 @@ pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
 pub use error::{CaptureError, InitError};
 pub use graph_pool::capture_stream;
 pub use server::{CollectiveOperand, CudaGraphServer};
+pub use source_kernel::SourceKernel;
 pub use storage::GpuResource;
 
 use cubecl_common::device::Device;

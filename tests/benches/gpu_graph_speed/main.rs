@@ -5,7 +5,8 @@
 //! - `stock`: `Autodiff<burn_cuda::Cuda>` with Burn's own Adam, eager;
 //! - `cube`: `CudaCube` (no fusion), graphed;
 //! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
-//!   graphed and eager;
+//!   graphed and eager; `fused-lstm-stepwise` the same with the stepwise recurrence forced
+//!   (`fused-lstm` takes the persistent one where it fits);
 //! - `ddp1`, `fused-lstm-ddp1`: `fused` and `fused-lstm` graphed by the one rank of a
 //!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step);
 //!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
@@ -31,6 +32,8 @@ mod setup;
 mod stock;
 mod timing;
 
+use burn_graph_capture::nn::lstm::{RecurrencePreference, persistent_launches};
+use burn_graph_capture::nn::set_recurrence_preference;
 use burn_graph_capture::runtime::CudaGraphDevice;
 use burn_graph_capture::{CudaCube, CudaFused, GraphTrainerConfig};
 use lstm_example::LstmRegressor;
@@ -118,30 +121,37 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 timing,
             });
         }
-        if wants("fused-lstm") {
+        // `fused-lstm` as the library chooses its recurrence (persistent where it fits),
+        // `fused-lstm-stepwise` with the per-step GEMMs forced (issue 28: both, one run).
+        for (stack, preference) in [
+            ("fused-lstm", RecurrencePreference::Auto),
+            ("fused-lstm-stepwise", RecurrencePreference::Stepwise),
+        ] {
+            if !wants(stack) {
+                continue;
+            }
+            set_recurrence_preference(preference);
+            let launches = persistent_launches();
             let run = ours::graphed::<CudaFused, Batched<CudaFused>>(&work, &device);
-            emit(
-                size,
-                "fused-lstm",
-                "graphed",
-                &run.timing,
-                graphed_json(&run),
-            );
+            let mut extra = graphed_json(&run);
+            extra["persistent_launches"] = json!(persistent_launches() - launches);
+            emit(size, stack, "graphed", &run.timing, extra);
             rows.push(Row {
                 size,
-                stack: "fused-lstm",
+                stack,
                 mode: "graphed",
                 timing: run.timing,
             });
             let (timing, pools) = ours::eager::<CudaFused, Batched<CudaFused>>(&work, &device);
             let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
-            emit(size, "fused-lstm", "eager", &timing, extra);
+            emit(size, stack, "eager", &timing, extra);
             rows.push(Row {
                 size,
-                stack: "fused-lstm",
+                stack,
                 mode: "eager",
                 timing,
             });
+            set_recurrence_preference(RecurrencePreference::Auto);
         }
         // Two `FusedLstm` layers with dropout 0.3 between them, and the same model
         // without it (issue 15: what drawing the masks on the device costs).

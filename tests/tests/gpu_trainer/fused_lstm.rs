@@ -4,20 +4,26 @@
 //!   stack and weights, within 1e-5 relative (t=1, h=33, no bias, two layers included).
 //!   Autotune may pick TF32 matmul kernels for the two models' different GEMM shapes; a
 //!   failure here names the first value out of tolerance.
+//! - Both recurrences (issue 28): the persistent kernels and the stepwise ones, each forced,
+//!   against `nn::Lstm` at the cases above, batch 1, a hidden size over one warp and not a
+//!   multiple of 32, and the benchmark's 8/64/128; the persistent runs must launch.
 //! - Training: 200 steps of the sunspot-style regression with `FusedLstm` through a
 //!   `GraphTrainer` replay, and equal eager training (capture off) bit for bit.
 
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use burn_graph_capture::nn::LstmBackend;
+use burn_graph_capture::nn::lstm::{RecurrencePreference, persistent_launches};
+use burn_graph_capture::nn::{LstmBackend, set_recurrence_preference};
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, TrainBackend};
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{from_bytes, parameter_bits};
 use lstm_example::{Batch, SineTask};
 
-use crate::common::{MEDIUM, Stack, WARMUP, config, device, model, model_bytes, run_length};
+use crate::common::{
+    MEDIUM, Stack, config, device, expected_replays, model, model_bytes, run_length,
+};
 use crate::parity::{BASE, Case, compare};
 
 fn matches_nn_lstm<G: Stack>() {
@@ -33,6 +39,83 @@ fn matches_nn_lstm<G: Stack>() {
         ..BASE
     });
     compare::<TrainBackend<G>>(Case { layers: 2, ..BASE });
+}
+
+/// The cases both recurrences are checked at: `matches_nn_lstm`'s, batch 1, a hidden size
+/// over one warp and not a multiple of 32 (the last block owns fewer units), a batch over
+/// 32 (warps take several rows), and the benchmark's smallest size.
+const RECURRENCE_CASES: [Case; 9] = [
+    BASE,
+    Case { time: 1, ..BASE },
+    Case {
+        hidden: 33,
+        time: 3,
+        ..BASE
+    },
+    Case {
+        bias: false,
+        ..BASE
+    },
+    Case { layers: 2, ..BASE },
+    Case { batch: 1, ..BASE },
+    Case {
+        batch: 40,
+        hidden: 100,
+        time: 5,
+        ..BASE
+    },
+    Case {
+        batch: 8,
+        time: 64,
+        hidden: 128,
+        input: 16,
+        ..BASE
+    },
+    Case {
+        batch: 2,
+        time: 4,
+        hidden: 520,
+        ..BASE
+    },
+];
+
+/// The preference in force until dropped: tests run one at a time, and the next one finds
+/// `Auto` again even when this one fails.
+struct Preferring;
+
+impl Preferring {
+    fn new(preference: RecurrencePreference) -> Self {
+        set_recurrence_preference(preference);
+        Self
+    }
+}
+
+impl Drop for Preferring {
+    fn drop(&mut self) {
+        set_recurrence_preference(RecurrencePreference::Auto);
+    }
+}
+
+/// Each recurrence, forced, matches `nn::Lstm` within 1e-5; the persistent one launches
+/// its kernels (two per layer: forward and backward), the stepwise one none.
+fn both_recurrences_match_nn_lstm<G: Stack>() {
+    for preference in [
+        RecurrencePreference::Persistent,
+        RecurrencePreference::Stepwise,
+    ] {
+        let _preferring = Preferring::new(preference);
+        for case in RECURRENCE_CASES {
+            let before = persistent_launches();
+            compare::<TrainBackend<G>>(case);
+            let launched = persistent_launches() - before;
+            let expected = match preference {
+                RecurrencePreference::Persistent => 2 * case.layers as u64,
+                _ => 0,
+            };
+            // t=1 backward reads no carried gradient but still runs the kernel.
+            assert_eq!(launched, expected, "{preference:?} at {case:?}");
+        }
+    }
 }
 
 /// Losses (bits) and final parameter bits of 200 steps, graphed or eager.
@@ -72,8 +155,8 @@ fn replays_equal_eager_training<G: Stack>() {
     let steps = graphed.len() as u64;
     assert_eq!(
         replayed,
-        steps - WARMUP as u64 - 1,
-        "warmup, one capture, then replays"
+        expected_replays(graphed.len()) as u64,
+        "warmup, one capture, then replays (and the periodic checks)"
     );
     let first = graphed.iter().zip(&eager).position(|(a, b)| a != b);
     assert_eq!(first, None, "first differing loss at step {first:?}");
@@ -142,6 +225,7 @@ fn first_trainer_run_equals_second<G: Stack>() {
 
 stack_tests!(
     matches_nn_lstm,
+    both_recurrences_match_nn_lstm,
     replays_equal_eager_training,
     first_plain_run_equals_second,
     first_trainer_run_equals_second

@@ -1,6 +1,8 @@
 //! [`LstmBackend`]: the recurrence as a backend op, so that autodiff runs its own
 //! backward (batched) instead of differentiating every step's small ops.
 
+use super::recurrence;
+pub(crate) use crate::nn::sequence::{primitive, tensor};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -8,19 +10,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
-
-use super::recurrence;
-
-/// A float primitive as a tensor of rank `D`.
-pub(super) fn tensor<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-/// A float tensor's primitive.
-pub(super) fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
 
 /// A backend on which [`FusedLstm`](super::FusedLstm) runs: an LSTM layer's recurrence
 /// as one op.

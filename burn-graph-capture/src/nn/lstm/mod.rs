@@ -9,9 +9,11 @@
 //! - its own backward: per step, one GEMM for the hidden gradient and the gate
 //!   gradients; the recurrent weight gradient once, over the whole sequence.
 //!
-//! On the CubeCL stacks (feature `cuda`) the recurrence runs fused CubeCL kernels, one
-//! per step each way, beside the GEMMs; on other backends it runs the same arithmetic in
-//! plain tensor ops, so the CPU tests check the numerics.
+//! On the CubeCL stacks (feature `cuda`) the recurrence runs either fused CubeCL kernels,
+//! one per step each way beside the GEMMs, or, on this crate's runtime where the shape
+//! allows, one persistent kernel per direction for the whole sequence ([`Recurrence`]);
+//! on other backends it runs the same arithmetic in plain tensor ops, so the CPU tests
+//! check the numerics.
 
 mod backend;
 mod convert;
@@ -20,7 +22,12 @@ mod cube;
 mod decorated;
 mod module;
 mod recurrence;
+mod strategy;
 
 pub use backend::{LstmBackend, LstmKernels, LstmSaved};
 pub use convert::LstmConversionError;
 pub use module::{FusedLstm, FusedLstmConfig, FusedLstmLayer};
+pub use strategy::{
+    PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape, choose as choose_recurrence,
+    persistent_launches, recurrence_preference, set_recurrence_preference,
+};

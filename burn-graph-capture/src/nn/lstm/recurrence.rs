@@ -11,23 +11,7 @@
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{Tensor, backend::Backend};
 
-/// Step `t` of a `[batch, time, width]` tensor, as `[batch, width]`.
-fn step<B: Backend>(tensor: &Tensor<B, 3>, t: usize) -> Tensor<B, 2> {
-    let [batch, _, width] = tensor.dims();
-    tensor
-        .clone()
-        .slice([0..batch, t..t + 1, 0..width])
-        .reshape([batch, width])
-}
-
-/// Block `[index]` of a `[n, batch, width]` tensor, as `[batch, width]`.
-fn at<B: Backend>(tensor: &Tensor<B, 3>, index: usize) -> Tensor<B, 2> {
-    let [_, batch, width] = tensor.dims();
-    tensor
-        .clone()
-        .slice([index..index + 1, 0..batch, 0..width])
-        .reshape([batch, width])
-}
+use crate::nn::sequence::{at, part, step};
 
 /// The hidden (`kind` 0) or cell (`kind` 1) states `[time + 1, batch, H]` of `states`.
 pub(crate) fn states_of<B: Backend>(states: &Tensor<B, 4>, kind: usize) -> Tensor<B, 3> {
@@ -36,12 +20,6 @@ pub(crate) fn states_of<B: Backend>(states: &Tensor<B, 4>, kind: usize) -> Tenso
         .clone()
         .slice([kind..kind + 1, 0..steps, 0..batch, 0..hidden])
         .reshape([steps, batch, hidden])
-}
-
-/// Columns `[k * width, (k + 1) * width)` of a `[batch, n * width]` tensor.
-fn part<B: Backend>(tensor: &Tensor<B, 2>, k: usize, width: usize) -> Tensor<B, 2> {
-    let [batch, _] = tensor.dims();
-    tensor.clone().slice([0..batch, k * width..(k + 1) * width])
 }
 
 /// The layer's states `[2, time + 1, batch, H]` and its activated gates

@@ -155,18 +155,23 @@ pub(super) fn launch_on(
         return Ok(());
     }
     let block = (loaded.cube_dim.x, loaded.cube_dim.y, loaded.cube_dim.z);
+    let (function, shared, cu_stream) = (
+        loaded.function.cu_function(),
+        loaded.shared_mem_bytes,
+        stream.stream.cu_stream(),
+    );
+    if loaded.cooperative {
+        // SAFETY: as below. A source kernel declares only its buffers, so the driver reads
+        // no more of `params` than those; the caller sized the grid to what the device
+        // holds at once (else the launch fails, it does not hang).
+        return unsafe {
+            result::launch_cooperative_kernel(function, grid, block, shared, cu_stream, params)
+        }
+        .map_err(|err| launch_err("cuLaunchCooperativeKernel", err));
+    }
     // SAFETY: `params` holds one pointer per kernel parameter, in the order the CUDA
     // dialect declares them (buffers, metadata buffer, by-value info struct); each points
     // to a value that outlives this call (the driver copies them at launch).
-    unsafe {
-        result::launch_kernel(
-            loaded.function.cu_function(),
-            grid,
-            block,
-            loaded.shared_mem_bytes,
-            stream.stream.cu_stream(),
-            params,
-        )
-    }
-    .map_err(|err| launch_err("cuLaunchKernel", err))
+    unsafe { result::launch_kernel(function, grid, block, shared, cu_stream, params) }
+        .map_err(|err| launch_err("cuLaunchKernel", err))
 }

@@ -1,0 +1,286 @@
+//! Which way a layer's recurrence runs on the GPU, decided in this one place.
+//!
+//! - *Stepwise* (`cube/stepwise.rs`): per time step one recurrent GEMM and one fused cell
+//!   kernel each way. It serves every shape and dtype.
+//! - *Persistent* (`cube/persistent/`): the whole time loop in one cooperative launch each
+//!   way; each block keeps its hidden units' slice of `W_h` in shared memory for the
+//!   sequence, and the blocks meet at a grid-wide barrier after each step. It serves fp32
+//!   where the slices fit in shared memory with one block per SM, and it replaces about
+//!   three kernels per step and direction with one launch.
+//!
+//! The choice is a pure function of the shape and the device's SM count, so a shape makes
+//! the same choice at every step (warmup, capture and replays agree), and it is traced
+//! once per shape (target `burn_graph_capture::recurrence`).
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+/// Hidden units per block at least: fewer blocks meet at each barrier.
+const MIN_UNITS: usize = 4;
+/// Hidden units per block at most (registers: each lane keeps four sums per unit).
+const MAX_UNITS: usize = 8;
+/// Shared memory a block may use without opting in to more (static `__shared__`).
+const SHARED_BYTES: usize = 48 * 1024;
+/// Threads per block at most (one warp per batch row, rows beyond loop).
+const MAX_WARPS: usize = 32;
+
+/// Which recurrence [`choose`] should pick; the default is `Auto`.
+///
+/// Set it for a whole process with [`set_recurrence_preference`] or the environment
+/// variable `BURN_GRAPH_CAPTURE_RECURRENCE` (`auto`, `stepwise` or `persistent`, read once).
+/// Benchmarks and tests use it to run both ways side by side; a training run needs it
+/// only to work around a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecurrencePreference {
+    /// The persistent recurrence where it applies, else stepwise.
+    Auto,
+    /// Always stepwise.
+    Stepwise,
+    /// The persistent recurrence wherever it fits, even where `Auto` would not take it.
+    Persistent,
+}
+
+/// 0: not set yet (read the environment); else `RecurrencePreference` + 1.
+static PREFERENCE: AtomicU8 = AtomicU8::new(0);
+
+const PREFERENCE_VAR: &str = "BURN_GRAPH_CAPTURE_RECURRENCE";
+
+/// Sets the [`RecurrencePreference`] of every later `FusedLstm` call in this process.
+/// A graph already captured keeps the kernels it recorded.
+pub fn set_recurrence_preference(preference: RecurrencePreference) {
+    PREFERENCE.store(encode(preference), Ordering::Relaxed);
+}
+
+/// The preference in force: the last one set, else the environment's, else `Auto`.
+pub fn recurrence_preference() -> RecurrencePreference {
+    match PREFERENCE.load(Ordering::Relaxed) {
+        0 => {
+            let preference = from_env(std::env::var(PREFERENCE_VAR).ok().as_deref());
+            // Another thread may have set one meanwhile: keep that.
+            let _ = PREFERENCE.compare_exchange(
+                0,
+                encode(preference),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            decode(PREFERENCE.load(Ordering::Relaxed))
+        }
+        value => decode(value),
+    }
+}
+
+fn encode(preference: RecurrencePreference) -> u8 {
+    match preference {
+        RecurrencePreference::Auto => 1,
+        RecurrencePreference::Stepwise => 2,
+        RecurrencePreference::Persistent => 3,
+    }
+}
+
+fn decode(value: u8) -> RecurrencePreference {
+    match value {
+        2 => RecurrencePreference::Stepwise,
+        3 => RecurrencePreference::Persistent,
+        _ => RecurrencePreference::Auto,
+    }
+}
+
+/// The environment variable's preference; an unknown value is warned about and ignored.
+fn from_env(value: Option<&str>) -> RecurrencePreference {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => RecurrencePreference::Auto,
+        Some("stepwise") => RecurrencePreference::Stepwise,
+        Some("persistent") => RecurrencePreference::Persistent,
+        Some(other) => {
+            tracing::warn!("{PREFERENCE_VAR}={other:?} is not auto, stepwise or persistent: auto");
+            RecurrencePreference::Auto
+        }
+    }
+}
+
+static PERSISTENT_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Launches of the persistent kernels in this process so far (forward and backward each
+/// count one), for tests and benchmarks to tell which recurrence ran. A graph's replays
+/// do not count: they launch nothing on the host.
+pub fn persistent_launches() -> u64 {
+    PERSISTENT_LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Counts one launch of a persistent kernel.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn count_persistent_launch() {
+    PERSISTENT_LAUNCHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One layer's recurrence problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecurrenceShape {
+    /// Batch rows.
+    pub batch: usize,
+    /// Time steps.
+    pub time: usize,
+    /// Hidden units.
+    pub hidden: usize,
+}
+
+/// The launch of a persistent recurrence: `blocks` blocks of `warps` warps, each block
+/// owning `units` consecutive hidden units (the last block may own fewer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PersistentGrid {
+    /// Hidden units per block.
+    pub units: usize,
+    /// Blocks: at most one per SM.
+    pub blocks: usize,
+    /// Warps per block: one per batch row, at most 32.
+    pub warps: usize,
+}
+
+/// How a layer's recurrence runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Recurrence {
+    /// A GEMM and a cell kernel per step.
+    Stepwise,
+    /// One cooperative launch per direction.
+    Persistent(PersistentGrid),
+}
+
+/// The recurrence for `shape` of fp32 (`fp32`) on a device of `sms` SMs, under
+/// `preference`.
+///
+/// Persistent where a block of [`MIN_UNITS`]..=[`MAX_UNITS`] units per SM covers the hidden
+/// size and its slice of `W_h` (`16 · units · hidden` bytes) fits in 48 KiB; `Auto` also
+/// leaves batches over `max_batch` stepwise, where per-step GEMMs use the GPU better.
+pub fn choose(
+    shape: RecurrenceShape,
+    fp32: bool,
+    sms: usize,
+    preference: RecurrencePreference,
+) -> Recurrence {
+    let RecurrenceShape {
+        batch,
+        time,
+        hidden,
+    } = shape;
+    if preference == RecurrencePreference::Stepwise
+        || !fp32
+        || sms == 0
+        || batch == 0
+        || time == 0
+        || hidden == 0
+    {
+        return Recurrence::Stepwise;
+    }
+    if preference == RecurrencePreference::Auto && batch > AUTO_MAX_BATCH {
+        return Recurrence::Stepwise;
+    }
+    let units = hidden.div_ceil(sms).max(MIN_UNITS);
+    if units > MAX_UNITS || 16 * units * hidden > SHARED_BYTES {
+        return Recurrence::Stepwise;
+    }
+    Recurrence::Persistent(PersistentGrid {
+        units,
+        blocks: hidden.div_ceil(units),
+        warps: batch.min(MAX_WARPS),
+    })
+}
+
+/// Batches above this stay stepwise under `Auto`.
+const AUTO_MAX_BATCH: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RecurrencePreference::{Auto, Persistent, Stepwise};
+
+    fn shape(batch: usize, time: usize, hidden: usize) -> RecurrenceShape {
+        RecurrenceShape {
+            batch,
+            time,
+            hidden,
+        }
+    }
+
+    fn grid(choice: Recurrence) -> PersistentGrid {
+        match choice {
+            Recurrence::Persistent(grid) => grid,
+            Recurrence::Stepwise => panic!("stepwise"),
+        }
+    }
+
+    #[test]
+    fn the_benchmark_sizes_run_persistent_on_an_h200() {
+        let sms = 132;
+        assert_eq!(
+            grid(choose(shape(8, 64, 128), true, sms, Auto)),
+            PersistentGrid {
+                units: 4,
+                blocks: 32,
+                warps: 8
+            }
+        );
+        assert_eq!(grid(choose(shape(32, 64, 256), true, sms, Auto)).blocks, 64);
+        let large = grid(choose(shape(128, 32, 512), true, sms, Auto));
+        assert_eq!((large.units, large.blocks, large.warps), (4, 128, 32));
+    }
+
+    #[test]
+    fn blocks_never_outnumber_sms_and_cover_every_unit() {
+        for sms in [1, 7, 80, 132] {
+            for hidden in 1..700 {
+                if let Recurrence::Persistent(g) = choose(shape(4, 3, hidden), true, sms, Auto) {
+                    assert!(g.blocks <= sms, "{hidden} units on {sms} SMs: {g:?}");
+                    assert!(g.blocks * g.units >= hidden);
+                    assert!((g.blocks - 1) * g.units < hidden, "an empty block: {g:?}");
+                    assert!(16 * g.units * hidden <= SHARED_BYTES);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_does_not_fit_runs_stepwise() {
+        // W_h slices beyond 48 KiB per block.
+        assert_eq!(
+            choose(shape(8, 64, 1024), true, 132, Persistent),
+            Recurrence::Stepwise
+        );
+        assert_eq!(
+            choose(shape(8, 64, 128), false, 132, Auto),
+            Recurrence::Stepwise
+        );
+        assert_eq!(
+            choose(shape(8, 0, 128), true, 132, Auto),
+            Recurrence::Stepwise
+        );
+        assert_eq!(
+            choose(shape(0, 4, 128), true, 132, Auto),
+            Recurrence::Stepwise
+        );
+        assert_eq!(
+            choose(shape(8, 4, 128), true, 0, Auto),
+            Recurrence::Stepwise
+        );
+    }
+
+    #[test]
+    fn preferences_decide_between_both_where_both_fit() {
+        let big_batch = shape(512, 8, 64);
+        assert_eq!(choose(big_batch, true, 132, Auto), Recurrence::Stepwise);
+        assert_eq!(grid(choose(big_batch, true, 132, Persistent)).warps, 32);
+        assert_eq!(
+            choose(shape(8, 64, 128), true, 132, Stepwise),
+            Recurrence::Stepwise
+        );
+    }
+
+    #[test]
+    fn the_environment_names_a_preference() {
+        assert_eq!(from_env(None), Auto);
+        assert_eq!(from_env(Some("persistent")), Persistent);
+        assert_eq!(from_env(Some(" stepwise ")), Stepwise);
+        assert_eq!(from_env(Some("fast")), Auto);
+        for preference in [Auto, Stepwise, Persistent] {
+            assert_eq!(decode(encode(preference)), preference);
+        }
+    }
+}
