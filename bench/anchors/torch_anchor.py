@@ -1,4 +1,4 @@
-# PyTorch's reference step (the project's anchor script, kept here unchanged below this line); run by scripts/gpu-check.sh stage `torch`.
+# PyTorch's reference step: the project's anchor script, with a GRU (cuDNN and unrolled, at 32/64/256) added for issue 28; run by scripts/gpu-check.sh stage `torch`.
 """Performance anchor: PyTorch LSTM training step, eager vs whole-step CUDA graph, on the reference configurations of ARCHITECTURE.md."""
 import sys, time, json, statistics
 import torch, torch.nn as nn
@@ -26,14 +26,40 @@ class Unrolled(nn.Module):
             outs.append(h)
         return torch.stack(outs, 1)
 
+class UnrolledGru(nn.Module):
+    """GRU written as a per-timestep loop (the reset gate on the hidden projection with its
+    bias, as Burn's nn::Gru with reset_after and PyTorch's nn.GRU compute it)."""
+    def __init__(s, d_in, h):
+        super().__init__()
+        s.h = h
+        s.wi = nn.Linear(d_in, 3 * h)
+        s.wh = nn.Linear(h, 3 * h)
+    def forward(s, x):
+        b, t, _ = x.shape
+        h = x.new_zeros(b, s.h)
+        outs = []
+        for k in range(t):
+            xi, xr, xn = s.wi(x[:, k]).chunk(3, 1)
+            hi, hr, hn = s.wh(h).chunk(3, 1)
+            z = torch.sigmoid(xi + hi); r = torch.sigmoid(xr + hr)
+            n = torch.tanh(xn + r * hn)
+            h = (1 - z) * n + z * h
+            outs.append(h)
+        return torch.stack(outs, 1)
+
 class Net(nn.Module):
     def __init__(s, kind, d_in, h):
         super().__init__()
-        s.rnn = nn.LSTM(d_in, h, batch_first=True) if kind == "cudnn" else Unrolled(d_in, h)
+        s.rnn = {
+            "cudnn": lambda: nn.LSTM(d_in, h, batch_first=True),
+            "unrolled": lambda: Unrolled(d_in, h),
+            "cudnn-gru": lambda: nn.GRU(d_in, h, batch_first=True),
+            "unrolled-gru": lambda: UnrolledGru(d_in, h),
+        }[kind]()
         s.head = nn.Linear(h, 1)
         s.kind = kind
     def forward(s, x):
-        out = s.rnn(x)[0] if s.kind == "cudnn" else s.rnn(x)
+        out = s.rnn(x)[0] if s.kind.startswith("cudnn") else s.rnn(x)
         return s.head(out)
 
 def bench(kind, graphed, b, t, h, d_in=32, iters=50):
@@ -89,6 +115,16 @@ def main():
     rows = []
     for (b, t, h) in [(32, 64, 256), (8, 64, 128), (128, 32, 512)]:
         for kind in ["cudnn", "unrolled"]:
+            for graphed in [False, True]:
+                try:
+                    ms = bench(kind, graphed, b, t, h)
+                except Exception as e:
+                    ms = f"ERR {type(e).__name__}: {e}"[:120]
+                rows.append(dict(b=b, t=t, h=h, kind=kind, graphed=graphed, ms=ms))
+                print(json.dumps(rows[-1]), flush=True)
+    # GRUs (issue 28) at the size FusedGru is measured at.
+    for (b, t, h) in [(32, 64, 256)]:
+        for kind in ["cudnn-gru", "unrolled-gru"]:
             for graphed in [False, True]:
                 try:
                     ms = bench(kind, graphed, b, t, h)

@@ -2,7 +2,10 @@
 
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig, Lstm, LstmConfig};
 use burn::prelude::*;
-use burn_graph_capture::nn::{FusedLstm, FusedLstmConfig, LstmBackend, LstmConversionError};
+use burn_graph_capture::nn::{
+    FusedGru, FusedGruConfig, FusedLstm, FusedLstmConfig, GruBackend, LstmBackend,
+    LstmConversionError,
+};
 
 /// Sizes of the model.
 #[derive(Config, Debug)]
@@ -85,6 +88,42 @@ impl<B: Backend> LstmRegressor<B> {
 impl<B: LstmBackend> Forecaster<B> for FusedLstmRegressor<B> {
     fn predict(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let (hidden, _state) = self.lstm.forward(x, None);
+        self.head.forward(hidden)
+    }
+}
+
+/// Sizes of [`GruRegressor`].
+#[derive(Config, Debug)]
+pub struct GruRegressorConfig {
+    /// Input features per time step.
+    #[config(default = 32)]
+    pub d_input: usize,
+    /// Hidden size.
+    pub d_hidden: usize,
+}
+
+/// A `FusedGru` and a per-step head: the GRU counterpart of [`FusedLstmRegressor`].
+#[derive(Module, Debug)]
+pub struct GruRegressor<B: Backend> {
+    /// The recurrent layer, in batched form.
+    pub gru: FusedGru<B>,
+    /// The per-step output layer.
+    pub head: Linear<B>,
+}
+
+impl GruRegressorConfig {
+    /// Builds the model with fresh weights from `B`'s RNG.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> GruRegressor<B> {
+        GruRegressor {
+            gru: FusedGruConfig::new(self.d_input, self.d_hidden, true).init(device),
+            head: LinearConfig::new(self.d_hidden, 1).init(device),
+        }
+    }
+}
+
+impl<B: GruBackend> Forecaster<B> for GruRegressor<B> {
+    fn predict(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let (hidden, _state) = self.gru.forward(x, None);
         self.head.forward(hidden)
     }
 }

@@ -16,6 +16,8 @@ pub mod optimizers {}
 
 #[doc = include_str!("../../book/src/fused-lstm.md")]
 pub mod fused_lstm {}
+#[doc = include_str!("../../book/src/fused-gru.md")]
+pub mod fused_gru {}
 
 #[doc = include_str!("../../book/src/dropout.md")]
 pub mod dropout {}

@@ -11,6 +11,8 @@
 //!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step);
 //!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
 //!   row's batch (two GPUs needed; not in the default list);
+//! - `fused-gru`: `CudaFused` with a `FusedGru` of the row's sizes and a head (fresh
+//!   weights), graphed and eager (issue 28; not in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -37,7 +39,7 @@ use burn_graph_capture::nn::set_recurrence_preference;
 use burn_graph_capture::runtime::CudaGraphDevice;
 use burn_graph_capture::{CudaCube, CudaFused, GraphTrainerConfig};
 use lstm_example::LstmRegressor;
-use lstm_example::model::{DropoutLstmRegressor, FusedLstmRegressor};
+use lstm_example::model::{DropoutLstmRegressor, FusedLstmRegressor, GruRegressor};
 use serde_json::{Value, json};
 
 use setup::{Size, Workload, parse_sizes};
@@ -84,6 +86,9 @@ fn graphed_json(run: &ours::Graphed) -> Value {
 type Nn<G> = LstmRegressor<burn_graph_capture::TrainBackend<G>>;
 /// The same weights with `FusedLstm`.
 type Batched<G> = FusedLstmRegressor<burn_graph_capture::TrainBackend<G>>;
+
+/// A `FusedGru` of the row's hidden size and a head (fresh weights).
+type Gru<G> = GruRegressor<burn_graph_capture::TrainBackend<G>>;
 
 /// Two `FusedLstm` layers with dropout between them.
 type Dropped<G> = DropoutLstmRegressor<burn_graph_capture::TrainBackend<G>>;
@@ -152,6 +157,32 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 timing,
             });
             set_recurrence_preference(RecurrencePreference::Auto);
+        }
+        // Issue 28: `FusedGru` of the same sizes, graphed and eager.
+        if wants("fused-gru") {
+            let run = ours::graphed::<CudaFused, Gru<CudaFused>>(&work, &device);
+            emit(
+                size,
+                "fused-gru",
+                "graphed",
+                &run.timing,
+                graphed_json(&run),
+            );
+            rows.push(Row {
+                size,
+                stack: "fused-gru",
+                mode: "graphed",
+                timing: run.timing,
+            });
+            let (timing, pools) = ours::eager::<CudaFused, Gru<CudaFused>>(&work, &device);
+            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+            emit(size, "fused-gru", "eager", &timing, extra);
+            rows.push(Row {
+                size,
+                stack: "fused-gru",
+                mode: "eager",
+                timing,
+            });
         }
         // Two `FusedLstm` layers with dropout 0.3 between them, and the same model
         // without it (issue 15: what drawing the masks on the device costs).

@@ -7,8 +7,10 @@ use std::str::FromStr;
 use burn::backend::Flex;
 use burn::nn::DropoutConfig;
 use burn::prelude::*;
-use burn_graph_capture::nn::LstmBackend;
-use lstm_example::model::{DropoutLstmRegressor, Forecaster, FusedLstmRegressor};
+use burn_graph_capture::nn::{GruBackend, LstmBackend};
+use lstm_example::model::{
+    DropoutLstmRegressor, Forecaster, FusedLstmRegressor, GruRegressor, GruRegressorConfig,
+};
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};
 
@@ -167,5 +169,13 @@ impl<B: LstmBackend> BenchModel<B> for FusedLstmRegressor<B> {
 impl<B: LstmBackend> BenchModel<B> for DropoutLstmRegressor<B> {
     fn build(work: &Workload, device: &B::Device) -> Self {
         work.dropout_model(device)
+    }
+}
+
+impl<B: GruBackend> BenchModel<B> for GruRegressor<B> {
+    fn build(work: &Workload, device: &B::Device) -> Self {
+        GruRegressorConfig::new(work.size.h)
+            .with_d_input(work.config.d_input)
+            .init(device)
     }
 }

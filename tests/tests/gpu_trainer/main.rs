@@ -18,6 +18,8 @@
 //!   a graph's life;
 //! - `fused_lstm`: issue 12's `FusedLstm` against `nn::Lstm`, and its replays against
 //!   eager training;
+//! - `fused_gru`: issue 28's `FusedGru` against `nn::Gru`, and its replays against eager
+//!   training;
 //! - `matmul`: issue 12's cuBLAS matmuls give the fp32 product in every layout;
 //! - `data_parallel`: issue 16 on one GPU: NCCL collectives (one rank) eager, recorded
 //!   and through Burn's path, a one-rank trainer graphed against capture off and a plain
@@ -66,7 +68,10 @@ mod data_parallel;
 mod dropout;
 #[cfg(feature = "fault-injection")]
 mod faults;
+mod fused_gru;
 mod fused_lstm;
+#[path = "../common/fused_gru_parity.rs"]
+mod gru_parity;
 mod guards;
 mod inputs;
 mod layouts;

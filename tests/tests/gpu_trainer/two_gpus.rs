@@ -27,9 +27,7 @@ use lstm_example::train::{from_bytes, parameter_values};
 use lstm_example::{LstmRegressor, SineTask};
 use serde_json::{Value, json};
 
-use crate::common::{
-    D_INPUT, Diff, MEDIUM, Sizes, Stack, WARMUP, config, lr_at, model_bytes, run_length,
-};
+use crate::common::{D_INPUT, Diff, MEDIUM, Sizes, Stack, config, lr_at, model_bytes, run_length};
 
 /// Fails unless two GPUs are visible.
 fn two_gpus() {
