@@ -1,5 +1,6 @@
 //! Neural-network modules built for graphs: few, large kernels per step.
 
+mod gates;
 pub mod gru;
 pub mod lstm;
 mod sequence;

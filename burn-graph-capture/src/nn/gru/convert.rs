@@ -1,10 +1,15 @@
 //! Conversion between [`FusedGru`] and Burn's `nn::Gru`: existing models switch, and
 //! switch back, without retraining.
 
-use burn::module::{Module, Param};
+use burn::module::Module;
 use burn::nn::activation::Activation;
-use burn::nn::{GateController, Gru, GruConfig, GruRecord, Linear};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::nn::{GateController, Gru, GruConfig, GruRecord};
+use burn::tensor::backend::Backend;
+
+use crate::nn::gates::{pack, unpack_bias, unpack_weight};
+
+/// Gates the packed tensors hold.
+const GATES: usize = 3;
 
 use super::module::{FusedGru, FusedGruLayer};
 
@@ -49,46 +54,11 @@ fn check<B: Backend>(gru: &Gru<B>) -> Result<(), GruConversionError> {
     Ok(())
 }
 
-/// The three gates' weights of one side (`pick` chooses input or hidden transform),
-/// packed along the output dimension, and their biases if any.
-fn pack<B: Backend>(
-    gru: &Gru<B>,
-    pick: impl Fn(&GateController<B>) -> &Linear<B>,
-) -> (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>) {
-    let linears = gates(gru).map(pick);
-    let weight = Tensor::cat(linears.iter().map(|l| l.weight.val()).collect(), 1);
-    let biases: Option<Vec<_>> = linears
-        .iter()
-        .map(|l| l.bias.as_ref().map(Param::val))
-        .collect();
-    (
-        Param::from_tensor(weight.detach()),
-        biases.map(|b| Param::from_tensor(Tensor::cat(b, 0).detach())),
-    )
-}
-
-/// Gate `k`'s block of a packed `[rows, 3H]` weight.
-fn unpack_weight<B: Backend>(weight: &Param<Tensor<B, 2>>, k: usize) -> Param<Tensor<B, 2>> {
-    let h = weight.dims()[1] / 3;
-    Param::from_tensor(weight.val().narrow(1, k * h, h).detach())
-}
-
-/// Gate `k`'s block of a packed `[3H]` bias.
-fn unpack_bias<B: Backend>(
-    bias: &Option<Param<Tensor<B, 1>>>,
-    k: usize,
-) -> Option<Param<Tensor<B, 1>>> {
-    bias.as_ref().map(|b| {
-        let h = b.dims()[0] / 3;
-        Param::from_tensor(b.val().narrow(0, k * h, h).detach())
-    })
-}
-
 impl<B: Backend> FusedGruLayer<B> {
     fn from_gru(gru: &Gru<B>) -> Result<Self, GruConversionError> {
         check(gru)?;
-        let (input_weight, input_bias) = pack(gru, |gate| &gate.input_transform);
-        let (hidden_weight, hidden_bias) = pack(gru, |gate| &gate.hidden_transform);
+        let (input_weight, input_bias) = pack(&gates(gru).map(|gate| &gate.input_transform));
+        let (hidden_weight, hidden_bias) = pack(&gates(gru).map(|gate| &gate.hidden_transform));
         Ok(Self {
             input_weight,
             hidden_weight,
@@ -104,10 +74,10 @@ impl<B: Backend> FusedGruLayer<B> {
             GruConfig::new(d_input, three_h / 3, self.input_bias.is_some()).init::<B>(&device);
         let gates = [&mut gru.update_gate, &mut gru.reset_gate, &mut gru.new_gate];
         for (k, gate) in gates.into_iter().enumerate() {
-            gate.input_transform.weight = unpack_weight(&self.input_weight, k);
-            gate.input_transform.bias = unpack_bias(&self.input_bias, k);
-            gate.hidden_transform.weight = unpack_weight(&self.hidden_weight, k);
-            gate.hidden_transform.bias = unpack_bias(&self.hidden_bias, k);
+            gate.input_transform.weight = unpack_weight(&self.input_weight, k, GATES);
+            gate.input_transform.bias = unpack_bias(&self.input_bias, k, GATES);
+            gate.hidden_transform.weight = unpack_weight(&self.hidden_weight, k, GATES);
+            gate.hidden_transform.bias = unpack_bias(&self.hidden_bias, k, GATES);
         }
         gru
     }

@@ -6,6 +6,7 @@ use burn::nn::Initializer;
 use burn::tensor::{Tensor, backend::Backend};
 
 use super::backend::GruBackend;
+use crate::nn::gates::{init_bias, init_weight};
 use crate::nn::sequence::{primitive, tensor};
 
 /// Configuration of a [`FusedGru`]: `nn::GruConfig`'s options that it computes, plus
@@ -55,23 +56,10 @@ impl FusedGruConfig {
         let hidden = self.d_hidden;
         let layer = |d_input: usize| {
             // Per gate, as `nn::Gru`'s `Linear`s draw them (fan-in, fan-out of one gate).
-            let weight = |rows: usize| {
-                let gates = (0..3).map(|_| {
-                    self.initializer
-                        .init_with([rows, hidden], Some(rows), Some(hidden), device)
-                        .val()
-                });
-                Param::from_tensor(Tensor::cat(gates.collect(), 1).detach())
-            };
-            let bias = |rows: usize| {
-                self.bias.then(|| {
-                    let gates = (0..3).map(|_| {
-                        self.initializer
-                            .init_with([hidden], Some(rows), Some(hidden), device)
-                            .val()
-                    });
-                    Param::from_tensor(Tensor::cat(gates.collect(), 0).detach())
-                })
+            let weight = |rows| init_weight(&self.initializer, rows, hidden, 3, device);
+            let bias = |rows| {
+                self.bias
+                    .then(|| init_bias(&self.initializer, rows, hidden, 3, device))
             };
             FusedGruLayer {
                 input_weight: weight(d_input),

@@ -1,10 +1,15 @@
 //! Conversion between [`FusedLstm`] and Burn's `nn::Lstm`: existing models switch, and
 //! switch back, without retraining.
 
-use burn::module::{Module, Param};
+use burn::module::Module;
 use burn::nn::activation::Activation;
-use burn::nn::{Linear, Lstm, LstmConfig, LstmRecord};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::nn::{Lstm, LstmConfig, LstmRecord};
+use burn::tensor::backend::Backend;
+
+use crate::nn::gates::{pack, unpack_bias, unpack_weight};
+
+/// Gates the packed tensors hold.
+const GATES: usize = 4;
 
 use super::module::{FusedLstm, FusedLstmLayer};
 
@@ -60,47 +65,11 @@ fn check<B: Backend>(lstm: &Lstm<B>) -> Result<(), LstmConversionError> {
     Ok(())
 }
 
-/// The four gates' weights of one side (`pick` chooses input or hidden transform),
-/// packed along the output dimension, and their biases if any.
-fn pack<B: Backend>(
-    lstm: &Lstm<B>,
-    pick: impl Fn(&burn::nn::GateController<B>) -> &Linear<B>,
-) -> (Param<Tensor<B, 2>>, Option<Param<Tensor<B, 1>>>) {
-    let linears = gates(lstm).map(pick);
-    let weight = Tensor::cat(linears.iter().map(|l| l.weight.val()).collect(), 1);
-    let biases: Option<Vec<_>> = linears
-        .iter()
-        .map(|l| l.bias.as_ref().map(Param::val))
-        .collect();
-    (
-        Param::from_tensor(weight.detach()),
-        biases.map(|b| Param::from_tensor(Tensor::cat(b, 0).detach())),
-    )
-}
-
-/// Gate `k`'s block of a packed `[rows, 4H]` weight.
-fn unpack_weight<B: Backend>(weight: &Param<Tensor<B, 2>>, k: usize) -> Param<Tensor<B, 2>> {
-    let [_, four_h] = weight.dims();
-    let h = four_h / 4;
-    Param::from_tensor(weight.val().narrow(1, k * h, h).detach())
-}
-
-/// Gate `k`'s block of a packed `[4H]` bias.
-fn unpack_bias<B: Backend>(
-    bias: &Option<Param<Tensor<B, 1>>>,
-    k: usize,
-) -> Option<Param<Tensor<B, 1>>> {
-    bias.as_ref().map(|b| {
-        let h = b.dims()[0] / 4;
-        Param::from_tensor(b.val().narrow(0, k * h, h).detach())
-    })
-}
-
 impl<B: Backend> FusedLstmLayer<B> {
     fn from_lstm(lstm: &Lstm<B>) -> Result<Self, LstmConversionError> {
         check(lstm)?;
-        let (input_weight, input_bias) = pack(lstm, |gate| &gate.input_transform);
-        let (hidden_weight, hidden_bias) = pack(lstm, |gate| &gate.hidden_transform);
+        let (input_weight, input_bias) = pack(&gates(lstm).map(|gate| &gate.input_transform));
+        let (hidden_weight, hidden_bias) = pack(&gates(lstm).map(|gate| &gate.hidden_transform));
         Ok(Self {
             input_weight,
             hidden_weight,
@@ -122,10 +91,10 @@ impl<B: Backend> FusedLstmLayer<B> {
             &mut lstm.output_gate,
         ];
         for (k, gate) in gates.into_iter().enumerate() {
-            gate.input_transform.weight = unpack_weight(&self.input_weight, k);
-            gate.input_transform.bias = unpack_bias(&self.input_bias, k);
-            gate.hidden_transform.weight = unpack_weight(&self.hidden_weight, k);
-            gate.hidden_transform.bias = unpack_bias(&self.hidden_bias, k);
+            gate.input_transform.weight = unpack_weight(&self.input_weight, k, GATES);
+            gate.input_transform.bias = unpack_bias(&self.input_bias, k, GATES);
+            gate.hidden_transform.weight = unpack_weight(&self.hidden_weight, k, GATES);
+            gate.hidden_transform.bias = unpack_bias(&self.hidden_bias, k, GATES);
         }
         lstm
     }

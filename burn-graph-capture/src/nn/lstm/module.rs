@@ -6,6 +6,7 @@ use burn::nn::{Initializer, LstmState};
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
 
 use super::backend::LstmBackend;
+use crate::nn::gates::{init_bias, init_weight};
 
 /// Configuration of a [`FusedLstm`]: `nn::LstmConfig`'s options, plus stacking.
 #[derive(Config, Debug)]
@@ -58,23 +59,10 @@ impl FusedLstmConfig {
         let hidden = self.d_hidden;
         let layer = |d_input: usize| {
             // Per gate, as `nn::Lstm`'s `Linear`s draw them (fan-in, fan-out of one gate).
-            let weight = |rows: usize| {
-                let gates = (0..4).map(|_| {
-                    self.initializer
-                        .init_with([rows, hidden], Some(rows), Some(hidden), device)
-                        .val()
-                });
-                Param::from_tensor(Tensor::cat(gates.collect(), 1).detach())
-            };
-            let bias = |rows: usize| {
-                self.bias.then(|| {
-                    let gates = (0..4).map(|_| {
-                        self.initializer
-                            .init_with([hidden], Some(rows), Some(hidden), device)
-                            .val()
-                    });
-                    Param::from_tensor(Tensor::cat(gates.collect(), 0).detach())
-                })
+            let weight = |rows| init_weight(&self.initializer, rows, hidden, 4, device);
+            let bias = |rows| {
+                self.bias
+                    .then(|| init_bias(&self.initializer, rows, hidden, 4, device))
             };
             FusedLstmLayer {
                 input_weight: weight(d_input),
