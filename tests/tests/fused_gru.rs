@@ -4,6 +4,8 @@
 
 #[path = "common/fused_gru_parity.rs"]
 mod parity;
+#[path = "common/tolerance.rs"]
+mod tolerance;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
@@ -13,7 +15,7 @@ use burn_graph_capture::nn::{FusedGru, FusedGruConfig, GruConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
 use lstm_example::train::parameter_values;
 
-use parity::{GRU_BASE, GruCase, compare_gru, reference_grus};
+use parity::{GRU_BASE, GruCase, Tolerance, compare_gru, compare_gru_within, reference_grus};
 
 type A = Autodiff<Flex>;
 
@@ -139,10 +141,11 @@ fn a_fresh_module_has_packed_shapes_and_trains_its_weights() {
     let _ = fused.valid();
 }
 
-/// The batched form on the decorator: per step one recurrent GEMM forward and one
-/// backward, the input projection and the recurrent weight gradient once per layer.
+/// The batched form on the decorator: the input projection and its weight's gradient are
+/// one GEMM each, and the recurrence one recorded op each way (the inner backend's
+/// kernels), so a capture session sees what it reads and makes.
 #[test]
-fn one_recurrent_gemm_per_step_each_way() {
+fn the_recurrence_is_one_recorded_op_each_way() {
     type D = Autodiff<GraphCapture<Flex>>;
     let (batch, time) = (3, 5);
     let fused = FusedGruConfig::new(4, 8, true).init::<D>(&Default::default());
@@ -151,13 +154,29 @@ fn one_recurrent_gemm_per_step_each_way() {
         let (out, _) = fused.forward(x.clone(), None);
         out.sum().backward()
     });
-    let matmuls = recording
-        .signature
-        .ops()
-        .iter()
-        .filter(|op| op.op == "float_matmul")
-        .count();
-    // Forward: the input GEMM and one per step; backward: one per step, the recurrent
-    // weight's once, and the input weight's (`x` needs no gradient).
-    assert_eq!(matmuls, 1 + time + time + 1 + 1);
+    let count = |name: &str| {
+        recording
+            .signature
+            .ops()
+            .iter()
+            .filter(|op| op.op == name)
+            .count()
+    };
+    assert_eq!(count("gru_forward"), 1);
+    assert_eq!(count("gru_backward"), 1);
+    // The input GEMM forward, the input weight's gradient backward (`x` needs none).
+    assert_eq!(count("float_matmul"), 2);
+}
+
+/// Weight gradients summed over 200 rows and steps may cancel to small values: each within
+/// 1e-5 of its tensor's largest.
+#[test]
+fn matches_a_larger_batch_within_its_largest_values() {
+    let case = GruCase {
+        batch: 40,
+        hidden: 100,
+        time: 5,
+        ..GRU_BASE
+    };
+    compare_gru_within::<A>(case, Tolerance::OfLargest(1e-5));
 }

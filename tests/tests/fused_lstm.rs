@@ -3,6 +3,8 @@
 
 #[path = "common/fused_lstm_parity.rs"]
 mod parity;
+#[path = "common/tolerance.rs"]
+mod tolerance;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;

@@ -13,7 +13,7 @@ use super::holder::Holder;
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
 use crate::dist::{DistError, RankLink};
-use crate::nn::LstmKernels;
+use crate::nn::{GruKernels, LstmKernels};
 
 /// Identity of a tensor's storage, stable while that storage lives.
 ///
@@ -98,8 +98,9 @@ pub enum RuntimeFailure {
 ///
 /// Every tensor primitive names its allocation ([`Allocated`]), so that a capture
 /// session can tell which buffers a step reads without producing them. The backend also
-/// says how it runs [`FusedLstm`](crate::nn::FusedLstm)'s recurrence ([`LstmKernels`]:
-/// an empty impl takes the plain tensor ops), which the decorator forwards to it.
+/// says how it runs [`FusedLstm`](crate::nn::FusedLstm)'s and
+/// [`FusedGru`](crate::nn::FusedGru)'s recurrences ([`LstmKernels`], [`GruKernels`]: an
+/// empty impl takes the plain tensor ops), which the decorator forwards to it.
 pub trait GraphBackend:
     Backend<
         FloatTensorPrimitive: Allocated,
@@ -107,6 +108,7 @@ pub trait GraphBackend:
         BoolTensorPrimitive: Allocated,
         QuantizedTensorPrimitive: Allocated,
     > + LstmKernels
+    + GruKernels
 {
     /// An instantiated, replayable graph. Dropping it releases the graph and everything
     /// retained for it, once the device has finished with it.

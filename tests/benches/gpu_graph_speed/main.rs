@@ -12,7 +12,8 @@
 //!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
 //!   row's batch (two GPUs needed; not in the default list);
 //! - `fused-gru`: `CudaFused` with a `FusedGru` of the row's sizes and a head (fresh
-//!   weights), graphed and eager (issue 28; not in the default list);
+//!   weights), graphed and eager; `fused-gru-stepwise` with its plain-ops recurrence
+//!   forced (issue 28; neither in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -22,10 +23,12 @@
 //!   STACKS a comma list of the stacks above (default all). Prints one JSON line per
 //!   measurement as soon as it is taken (`{"bench":"speed",..}`), then a table.
 //! - `gpu_graph_speed profile TARGET b/t/h`: runs one step between `cuProfilerStart` and
-//!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock`, `cube`
-//!   or `fused-lstm` profiles the eager step after the trainer's warmup count of eager
-//!   steps (the step a graph captures); `fused-replay`, `cube-replay`,
-//!   `fused-lstm-replay` or `dropout-replay` profiles one replay of the graph.
+//!   `cuProfilerStop` for `ncu --profile-from-start off`. TARGET `fused`, `stock`, `cube`,
+//!   `fused-lstm` or `fused-gru` profiles the eager step after the trainer's warmup count
+//!   of eager steps (the step a graph captures); `fused-replay`, `cube-replay`,
+//!   `fused-lstm-replay`, `fused-gru-replay` or `dropout-replay` profiles one replay of the
+//!   graph. `BURN_GRAPH_CAPTURE_RECURRENCE` picks the recurrence of `fused-lstm` and
+//!   `fused-gru`.
 
 mod memory;
 mod ours;
@@ -34,8 +37,8 @@ mod setup;
 mod stock;
 mod timing;
 
-use burn_graph_capture::nn::lstm::{RecurrencePreference, persistent_launches};
 use burn_graph_capture::nn::set_recurrence_preference;
+use burn_graph_capture::nn::{RecurrencePreference, persistent_launches};
 use burn_graph_capture::runtime::CudaGraphDevice;
 use burn_graph_capture::{CudaCube, CudaFused, GraphTrainerConfig};
 use lstm_example::LstmRegressor;
@@ -61,6 +64,41 @@ fn emit(size: Size, stack: &str, mode: &str, timing: &Timing, extra: Value) {
     fields.extend(timing_json(timing).as_object().expect("object").clone());
     fields.extend(extra.as_object().expect("object").clone());
     println!("{line}");
+}
+
+/// The graphed and eager rows of `stack`, the model `M` with its recurrence run under
+/// `preference` (the persistent kernels' launches in the graphed row's JSON).
+fn recurrent<M: ours::Model<CudaFused>>(
+    size: Size,
+    stack: &'static str,
+    preference: RecurrencePreference,
+    work: &Workload,
+    device: &CudaGraphDevice,
+) -> [Row; 2] {
+    set_recurrence_preference(preference);
+    let launches = persistent_launches();
+    let run = ours::graphed::<CudaFused, M>(work, device);
+    let mut extra = graphed_json(&run);
+    extra["persistent_launches"] = json!(persistent_launches() - launches);
+    emit(size, stack, "graphed", &run.timing, extra);
+    let (timing, pools) = ours::eager::<CudaFused, M>(work, device);
+    let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
+    emit(size, stack, "eager", &timing, extra);
+    set_recurrence_preference(RecurrencePreference::Auto);
+    [
+        Row {
+            size,
+            stack,
+            mode: "graphed",
+            timing: run.timing,
+        },
+        Row {
+            size,
+            stack,
+            mode: "eager",
+            timing,
+        },
+    ]
 }
 
 fn graphed_json(run: &ours::Graphed) -> Value {
@@ -127,62 +165,22 @@ fn speed(sizes: &[Size], stacks: &[String]) {
             });
         }
         // `fused-lstm` as the library chooses its recurrence (persistent where it fits),
-        // `fused-lstm-stepwise` with the per-step GEMMs forced (issue 28: both, one run).
-        for (stack, preference) in [
-            ("fused-lstm", RecurrencePreference::Auto),
-            ("fused-lstm-stepwise", RecurrencePreference::Stepwise),
-        ] {
-            if !wants(stack) {
-                continue;
+        // `fused-lstm-stepwise` with the per-step GEMMs forced; the same for `FusedGru`,
+        // whose forced stepwise recurrence is its plain ops (issue 28: all, one run).
+        use RecurrencePreference::{Auto, Stepwise};
+        for (stack, preference) in [("fused-lstm", Auto), ("fused-lstm-stepwise", Stepwise)] {
+            if wants(stack) {
+                rows.extend(recurrent::<Batched<CudaFused>>(
+                    size, stack, preference, &work, &device,
+                ));
             }
-            set_recurrence_preference(preference);
-            let launches = persistent_launches();
-            let run = ours::graphed::<CudaFused, Batched<CudaFused>>(&work, &device);
-            let mut extra = graphed_json(&run);
-            extra["persistent_launches"] = json!(persistent_launches() - launches);
-            emit(size, stack, "graphed", &run.timing, extra);
-            rows.push(Row {
-                size,
-                stack,
-                mode: "graphed",
-                timing: run.timing,
-            });
-            let (timing, pools) = ours::eager::<CudaFused, Batched<CudaFused>>(&work, &device);
-            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
-            emit(size, stack, "eager", &timing, extra);
-            rows.push(Row {
-                size,
-                stack,
-                mode: "eager",
-                timing,
-            });
-            set_recurrence_preference(RecurrencePreference::Auto);
         }
-        // Issue 28: `FusedGru` of the same sizes, graphed and eager.
-        if wants("fused-gru") {
-            let run = ours::graphed::<CudaFused, Gru<CudaFused>>(&work, &device);
-            emit(
-                size,
-                "fused-gru",
-                "graphed",
-                &run.timing,
-                graphed_json(&run),
-            );
-            rows.push(Row {
-                size,
-                stack: "fused-gru",
-                mode: "graphed",
-                timing: run.timing,
-            });
-            let (timing, pools) = ours::eager::<CudaFused, Gru<CudaFused>>(&work, &device);
-            let extra = json!({"reserved_bytes": pools.reserved, "in_use_bytes": pools.in_use});
-            emit(size, "fused-gru", "eager", &timing, extra);
-            rows.push(Row {
-                size,
-                stack: "fused-gru",
-                mode: "eager",
-                timing,
-            });
+        for (stack, preference) in [("fused-gru", Auto), ("fused-gru-stepwise", Stepwise)] {
+            if wants(stack) {
+                rows.extend(recurrent::<Gru<CudaFused>>(
+                    size, stack, preference, &work, &device,
+                ));
+            }
         }
         // Two `FusedLstm` layers with dropout 0.3 between them, and the same model
         // without it (issue 15: what drawing the masks on the device costs).
@@ -317,6 +315,8 @@ fn profile(target: &str, size: Size) {
             ours::profile_replay::<CudaFused, Batched<CudaFused>>(&work, &device)
         }
         "dropout-replay" => ours::profile_replay::<CudaFused, Dropped<CudaFused>>(&work, &device),
+        "fused-gru" => ours::profile_eager::<CudaFused, Gru<CudaFused>>(&work, &device),
+        "fused-gru-replay" => ours::profile_replay::<CudaFused, Gru<CudaFused>>(&work, &device),
         "stock" => stock::profile(&work),
         other => panic!("unknown profile target {other:?}"),
     };

@@ -1,6 +1,7 @@
 //! `FusedGru` against `nn::Gru` on any autodiff backend: outputs, final states and every
-//! gradient from the same weights, within 1e-5 relative. Shared by the CPU tests
-//! (`fused_gru.rs`) and the GPU tests (`gpu_trainer`), through `#[path]`.
+//! gradient from the same weights, within a tolerance (1e-5 relative unless a test says).
+//! Shared by the CPU tests (`fused_gru.rs`) and the GPU tests (`gpu_trainer`), through
+//! `#[path]`.
 
 use burn::module::Param;
 use burn::nn::{GateController, Gru, GruConfig};
@@ -8,6 +9,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor, backend::Backend};
 use burn_graph_capture::nn::{FusedGru, GruBackend};
 use lstm_example::train::{load_bytes, to_bytes};
+
+/// Declared beside this module by each test binary that includes it.
+pub use super::tolerance::{Tolerance, assert_close_within};
 
 /// Shapes of one case: batch, time, input, hidden, bias, layers.
 #[derive(Clone, Copy, Debug)]
@@ -55,17 +59,17 @@ fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor.into_data().convert::<f32>().to_vec().unwrap()
 }
 
-/// `|a - b| <= 1e-5 * max(|a|, |b|)`, with an absolute floor for values near zero.
-fn assert_close(what: &str, a: &[f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (index, (x, y)) in a.iter().zip(b).enumerate() {
-        let tolerance = 1e-5 * x.abs().max(y.abs()) + 1e-6;
-        assert!((x - y).abs() <= tolerance, "{what}[{index}]: {x} vs {y}");
-    }
+/// Output, final states and every gradient of both modules on one random problem,
+/// each value within 1e-5.
+pub fn compare_gru<A: AutodiffBackend + GruBackend>(case: GruCase) {
+    compare_gru_within::<A>(case, Tolerance::Each(1e-5));
 }
 
-/// Output, final states and every gradient of both modules on one random problem.
-pub fn compare_gru<A: AutodiffBackend + GruBackend>(case: GruCase) {
+/// [`compare_gru`] under `tolerance`.
+pub fn compare_gru_within<A: AutodiffBackend + GruBackend>(case: GruCase, tolerance: Tolerance) {
+    let assert_close = |what: &str, a: &[f32], b: &[f32]| {
+        assert_close_within(&format!("{case:?}: {what}"), a, b, tolerance)
+    };
     let reference = reference_grus::<A>(case);
     let fused = FusedGru::from_grus(&reference).unwrap();
     let x = random::<A, 3>([case.batch, case.time, case.input]);

@@ -9,6 +9,9 @@ use burn::tensor::{Distribution, Tensor, backend::Backend};
 use burn_graph_capture::nn::{FusedLstm, LstmBackend};
 use lstm_example::train::{load_bytes, to_bytes};
 
+/// Declared beside this module by each test binary that includes it.
+pub use super::tolerance::{Tolerance, assert_close_within};
+
 /// Shapes of one case: batch, time, input, hidden, bias, layers.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
@@ -43,33 +46,6 @@ fn random<A: AutodiffBackend, const D: usize>(shape: [usize; D]) -> Tensor<A, D>
 
 pub fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor.into_data().convert::<f32>().to_vec().unwrap()
-}
-
-/// How close the fused module's results must be to `nn::Lstm`'s.
-#[derive(Clone, Copy, Debug)]
-pub enum Tolerance {
-    /// Each value within `relative` of its own magnitude (floor `relative / 10`).
-    Each(f32),
-    /// Each value within `relative` of the largest magnitude in its tensor: a gradient
-    /// summed over many rows and steps can cancel to a small value whose rounding is
-    /// relative to the terms, not to the sum.
-    OfLargest(f32),
-}
-
-/// `a` against `b` under `tolerance`; a failure names `what` and the index.
-pub fn assert_close_within(what: &str, a: &[f32], b: &[f32], tolerance: Tolerance) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    let largest = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for (index, (x, y)) in a.iter().zip(b).enumerate() {
-        let allowed = match tolerance {
-            Tolerance::Each(relative) => relative * x.abs().max(y.abs()) + relative / 10.0,
-            Tolerance::OfLargest(relative) => relative * largest.max(0.1),
-        };
-        assert!(
-            (x - y).abs() <= allowed,
-            "{what}[{index}]: {x} vs {y} ({tolerance:?})"
-        );
-    }
 }
 
 /// Output, final states and every gradient of both modules on one random problem,

@@ -7,6 +7,7 @@ use burn::optim::GradientsParams;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::prelude::*;
+use burn_graph_capture::nn::{RecurrencePreference, set_recurrence_preference};
 use burn_graph_capture::optim::{
     CapturableAdam, CapturableAdamConfig, CapturableAdamW, CapturableAdamWConfig,
     CapturableOptimizer, CapturableSgd, CapturableSgdConfig,
@@ -459,4 +460,21 @@ pub fn pool_usage() -> (u64, u64) {
 /// Live graphs on the device.
 pub fn graph_count() -> usize {
     with_server(&device(), |server| server.graph_count()).expect("server")
+}
+
+/// The preference in force until dropped: tests run one at a time, and the next one finds
+/// `Auto` again even when this one fails.
+pub struct Preferring;
+
+impl Preferring {
+    pub fn new(preference: RecurrencePreference) -> Self {
+        set_recurrence_preference(preference);
+        Self
+    }
+}
+
+impl Drop for Preferring {
+    fn drop(&mut self) {
+        set_recurrence_preference(RecurrencePreference::Auto);
+    }
 }

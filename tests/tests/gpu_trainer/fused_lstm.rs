@@ -14,8 +14,8 @@
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use burn_graph_capture::nn::lstm::{RecurrencePreference, persistent_launches};
-use burn_graph_capture::nn::{LstmBackend, set_recurrence_preference};
+use burn_graph_capture::nn::LstmBackend;
+use burn_graph_capture::nn::{RecurrencePreference, persistent_launches};
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, TrainBackend};
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
@@ -23,7 +23,7 @@ use lstm_example::train::{from_bytes, parameter_bits};
 use lstm_example::{Batch, SineTask};
 
 use crate::common::{
-    MEDIUM, Stack, config, device, expected_replays, model, model_bytes, run_length,
+    MEDIUM, Preferring, Stack, config, device, expected_replays, model, model_bytes, run_length,
 };
 use crate::parity::{BASE, Case, Tolerance, compare, compare_within};
 
@@ -94,23 +94,6 @@ const LARGE_CASES: [(Case, f32); 3] = [
         1e-4,
     ),
 ];
-
-/// The preference in force until dropped: tests run one at a time, and the next one finds
-/// `Auto` again even when this one fails.
-struct Preferring;
-
-impl Preferring {
-    fn new(preference: RecurrencePreference) -> Self {
-        set_recurrence_preference(preference);
-        Self
-    }
-}
-
-impl Drop for Preferring {
-    fn drop(&mut self) {
-        set_recurrence_preference(RecurrencePreference::Auto);
-    }
-}
 
 /// Each recurrence, forced, matches `nn::Lstm` (tolerances above); the
 /// persistent one launches its kernels (two per layer: forward and backward), the

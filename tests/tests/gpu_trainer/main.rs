@@ -83,4 +83,6 @@ mod models;
 mod parity;
 mod soak;
 mod stale;
+#[path = "../common/tolerance.rs"]
+mod tolerance;
 mod two_gpus;

@@ -10,7 +10,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use super::recurrence;
-use crate::backend::{GraphBackend, GraphCapture};
 use crate::nn::sequence::{primitive, tensor};
 
 /// A backend on which [`FusedGru`](super::FusedGru) runs: a GRU layer's recurrence as one
@@ -32,8 +31,9 @@ pub trait GruBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// How a backend without autodiff computes the recurrence and its gradient: plain tensor
-/// ops (`recurrence`) unless a backend overrides them.
+/// How a backend without autodiff computes the recurrence and its gradient. Plain tensor
+/// ops by default (`recurrence`); on this crate's CUDA runtime, where the shape allows,
+/// one persistent kernel per direction.
 pub trait GruKernels: Backend {
     /// The hidden states and what the backward reads, `[time, batch, 4H]`.
     fn gru_forward(
@@ -42,26 +42,43 @@ pub trait GruKernels: Backend {
         bh: FloatTensor<Self>,
         h0: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (states, saved) =
-            recurrence::forward::<Self>(tensor(xp), tensor(wh), tensor(bh), tensor(h0));
-        (primitive(states), primitive(saved))
+        plain_forward::<Self>(xp, wh, bh, h0)
     }
 
     /// Gradients of `(xp, wh, bh, h0)` from the hidden states' gradient `d_states`.
     fn gru_backward(d_states: FloatTensor<Self>, saved: GruSaved<Self>) -> [FloatTensor<Self>; 4] {
-        let (d_xp, d_wh, d_bh, d_h0) = recurrence::backward::<Self>(
-            tensor(d_states),
-            tensor(saved.states),
-            tensor(saved.gates),
-            tensor(saved.wh),
-        );
-        [
-            primitive(d_xp),
-            primitive(d_wh),
-            primitive(d_bh),
-            primitive(d_h0),
-        ]
+        plain_backward::<Self>(d_states, saved)
     }
+}
+
+/// [`GruKernels::gru_forward`] in plain tensor ops (`recurrence::forward`).
+pub(crate) fn plain_forward<B: Backend>(
+    xp: FloatTensor<B>,
+    wh: FloatTensor<B>,
+    bh: FloatTensor<B>,
+    h0: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (states, saved) = recurrence::forward::<B>(tensor(xp), tensor(wh), tensor(bh), tensor(h0));
+    (primitive(states), primitive(saved))
+}
+
+/// [`GruKernels::gru_backward`] in plain tensor ops (`recurrence::backward`).
+pub(crate) fn plain_backward<B: Backend>(
+    d_states: FloatTensor<B>,
+    saved: GruSaved<B>,
+) -> [FloatTensor<B>; 4] {
+    let (d_xp, d_wh, d_bh, d_h0) = recurrence::backward::<B>(
+        tensor(d_states),
+        tensor(saved.states),
+        tensor(saved.gates),
+        tensor(saved.wh),
+    );
+    [
+        primitive(d_xp),
+        primitive(d_wh),
+        primitive(d_bh),
+        primitive(d_h0),
+    ]
 }
 
 /// What the recurrence's backward reads from its forward.
@@ -99,10 +116,6 @@ impl<B: GruKernels> GruBackend for B {
 
 #[cfg(feature = "flex")]
 impl GruKernels for burn_flex::Flex {}
-
-/// On the decorator the plain ops run through it, so a capture session records each of
-/// them as it records any model code.
-impl<B: GraphBackend> GruKernels for GraphCapture<B> {}
 
 /// The recurrence as one autodiff node with its own backward.
 impl<B: GruKernels, C: CheckpointStrategy> GruBackend for Autodiff<B, C> {

@@ -13,12 +13,18 @@
 //! - its own backward: per step one GEMM for the hidden gradient; the recurrent weight
 //!   and bias gradients once, over the whole sequence.
 //!
-//! The recurrence runs in plain tensor ops on every backend for now (the CubeCL stacks
-//! record it op by op like any other model code); `nn::Gru`'s `reset_after = false`,
-//! `clip` and other activations are refused at conversion ([`GruConversionError`]).
+//! On this crate's CUDA runtime (feature `cuda`), where the shape allows, the recurrence
+//! runs one persistent kernel per direction for the whole sequence (as `FusedLstm`'s does,
+//! chosen by [`Recurrence`](crate::nn::Recurrence)); elsewhere the same arithmetic runs in
+//! plain tensor ops, so the CPU tests check the numerics. `nn::Gru`'s
+//! `reset_after = false`, `clip` and other activations are refused at conversion
+//! ([`GruConversionError`]).
 
 mod backend;
 mod convert;
+#[cfg(feature = "cuda")]
+mod cube;
+mod decorated;
 mod module;
 mod recurrence;
 

@@ -11,7 +11,8 @@
 //!
 //! On the CubeCL stacks (feature `cuda`) the recurrence runs either fused CubeCL kernels,
 //! one per step each way beside the GEMMs, or, on this crate's runtime where the shape
-//! allows, one persistent kernel per direction for the whole sequence ([`Recurrence`]);
+//! allows, one persistent kernel per direction for the whole sequence
+//! ([`Recurrence`](crate::nn::Recurrence));
 //! on other backends it runs the same arithmetic in plain tensor ops, so the CPU tests
 //! check the numerics.
 
@@ -22,12 +23,7 @@ mod cube;
 mod decorated;
 mod module;
 mod recurrence;
-mod strategy;
 
 pub use backend::{LstmBackend, LstmKernels, LstmSaved};
 pub use convert::LstmConversionError;
 pub use module::{FusedLstm, FusedLstmConfig, FusedLstmLayer};
-pub use strategy::{
-    PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape, choose as choose_recurrence,
-    persistent_launches, recurrence_preference, set_recurrence_preference,
-};

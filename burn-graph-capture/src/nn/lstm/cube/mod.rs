@@ -1,6 +1,6 @@
-//! The recurrence on the CubeCL stacks (this crate's runtime and stock burn-cuda, with or
-//! without fusion). `strategy.rs` picks, per shape, one of two ways to run the time loop:
-//! `stepwise` (a GEMM and a fused cell kernel per step each way) or `persistent` (one
+//! The LSTM recurrence on the CubeCL stacks (this crate's runtime and stock burn-cuda, with
+//! or without fusion). `nn::strategy` picks, per shape, one of two ways to run the time
+//! loop: `stepwise` (a GEMM and a fused cell kernel per step each way) or `persistent` (one
 //! cooperative launch each way, this crate's runtime only). Either way the recurrent
 //! weight gradient is one GEMM over the whole sequence, here.
 //!
@@ -13,23 +13,17 @@ mod kernels;
 mod persistent;
 mod stepwise;
 
-use std::any::Any;
-use std::collections::BTreeSet;
-use std::sync::Mutex;
-
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn_backend::{DType, DeviceOps, Shape, TensorMetadata};
+use burn_backend::{DeviceOps, TensorMetadata};
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl_runtime::server::ComputeServer;
 
 use super::backend::{LstmKernels, LstmSaved, plain_backward, plain_forward, primitive, tensor};
-use super::strategy::{self, Recurrence, RecurrenceShape};
-use crate::runtime::CudaGraphRuntime;
+use crate::nn::cube::{fused_dtype, gemm, on_graph_runtime, recurrence};
+use crate::nn::strategy::{Cell, Recurrence, RecurrenceShape};
 
 /// Threads per cube of the cell kernels.
 const CUBE_THREADS: u32 = 256;
@@ -45,26 +39,6 @@ fn cells(batch: usize, hidden: usize) -> (CubeCount, CubeDim) {
     )
 }
 
-/// An uninitialised contiguous tensor like `like`'s, of `shape`.
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: impl Into<Shape>) -> CubeTensor<R> {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        shape.into(),
-        like.dtype,
-    )
-}
-
-/// `a @ b` through cuBLAS on this crate's runtime (`backend::cublas`), else the
-/// backend's own matmul: the recurrence's GEMMs are most of its time.
-fn gemm<B, R>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> CubeTensor<R>
-where
-    B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
-    R: CubeRuntime,
-{
-    crate::backend::cublas::matmul_or(primitive(a), primitive(b), B::float_matmul)
-}
-
 /// The packed states `[2, T+1, B, H]` as rows `[2(T+1)B, H]`, so that any step's `[B, H]`
 /// block is a packed row slice. A slice of the 4-d tensor is not: its unit dimensions
 /// keep the whole tensor's strides, and burn's reshape copies such a view.
@@ -72,11 +46,6 @@ fn state_rows<B: Backend>(states: FloatTensor<B>) -> Tensor<B, 2> {
     let states = tensor::<B, 4>(states);
     let [kinds, steps, batch, hidden] = states.dims();
     states.reshape([kinds * steps * batch, hidden])
-}
-
-/// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.
-fn fused_dtype(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
 }
 
 impl<R, F, I, BT> LstmKernels for Cube<R, F, I, BT>
@@ -103,7 +72,7 @@ where
             time,
             hidden: four_h / 4,
         };
-        if let Recurrence::Persistent(grid) = recurrence(&xp, shape)
+        if let Recurrence::Persistent(grid) = recurrence(Cell::Lstm, &xp, shape)
             && let Some(out) = on_graph_runtime([&xp, &wh, &h0, &c0], |[xp, wh, h0, c0]| {
                 let (states, gates) = persistent::forward(xp, wh, h0, c0, grid);
                 [states, gates]
@@ -133,7 +102,7 @@ where
             time,
             hidden,
         };
-        let persistent = match recurrence(&states, shape) {
+        let persistent = match recurrence(Cell::Lstm, &states, shape) {
             Recurrence::Persistent(grid) => {
                 on_graph_runtime([&d_states, &states, &gates, &wh], |[ds, s, g, w]| {
                     let (dz, d_h0, d_c0) = persistent::backward(ds, s, g, w, grid);
@@ -160,52 +129,4 @@ where
         );
         [primitive(all_dz.swap_dims(0, 1)), d_wh, d_h0, d_c0]
     }
-}
-
-/// The strategy for `shape` (see `strategy.rs`), traced the first time each shape asks.
-fn recurrence<R: CubeRuntime>(like: &CubeTensor<R>, shape: RecurrenceShape) -> Recurrence {
-    let sms = like
-        .client
-        .properties()
-        .hardware
-        .num_streaming_multiprocessors
-        .unwrap_or(0) as usize;
-    let choice = strategy::choose(
-        shape,
-        like.dtype == DType::F32,
-        sms,
-        strategy::recurrence_preference(),
-    );
-    static TRACED: Mutex<BTreeSet<(usize, usize, usize)>> = Mutex::new(BTreeSet::new());
-    let key = (shape.batch, shape.time, shape.hidden);
-    if TRACED.lock().is_ok_and(|mut traced| traced.insert(key)) {
-        tracing::debug!(
-            target: "burn_graph_capture::recurrence",
-            batch = shape.batch,
-            time = shape.time,
-            hidden = shape.hidden,
-            ?choice,
-            "LSTM recurrence"
-        );
-    }
-    choice
-}
-
-/// `run` on `tensors` as tensors of this crate's runtime, the only one the persistent
-/// kernels launch on; `None` on any other runtime (stock burn-cuda runs stepwise).
-fn on_graph_runtime<R: CubeRuntime, const N: usize, const M: usize>(
-    tensors: [&CubeTensor<R>; N],
-    run: impl FnOnce([&CubeTensor<CudaGraphRuntime>; N]) -> [CubeTensor<CudaGraphRuntime>; M],
-) -> Option<[CubeTensor<R>; M]> {
-    let ours: Vec<_> = tensors
-        .iter()
-        .map(|t| (*t as &dyn Any).downcast_ref::<CubeTensor<CudaGraphRuntime>>())
-        .collect::<Option<_>>()?;
-    let ours: [_; N] = ours.try_into().ok()?;
-    let out = run(ours);
-    Some(out.map(|t| {
-        *(Box::new(t) as Box<dyn Any>)
-            .downcast::<CubeTensor<R>>()
-            .expect("R is CudaGraphRuntime: its tensors were downcast above")
-    }))
 }

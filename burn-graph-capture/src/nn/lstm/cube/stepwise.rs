@@ -10,7 +10,8 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::{cells, empty, gemm, kernels, state_rows};
+use super::{cells, kernels, state_rows};
+use crate::nn::cube::{empty, gemm};
 use crate::nn::lstm::backend::{primitive, tensor};
 
 /// Whether a step's hidden gradient is computed as `(W_h @ dz_t^T)^T`. At batch 8,

@@ -10,6 +10,7 @@
 // The weight gradients are not computed here: d_xp is dz itself, d_W_h one GEMM over the
 // sequence (mod.rs).
 
+#define FOUR_H (4 * HIDDEN)
 #define DS_AT(kind, t, b, j) \
     ((offset_t)(kind) * DS_S0 + (offset_t)(t) * DS_S1 + (offset_t)(b) * DS_S2 + (offset_t)(j) * DS_S3)
 #define ST_AT(kind, t, b, j) \
@@ -39,7 +40,7 @@ __device__ __forceinline__ void lstm_hidden_gradient(const float* dz, const floa
             }
         }
     }
-    lstm_warp_sum<UNITS>(dh);
+    rnn_warp_sum<UNITS>(dh);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -91,7 +92,7 @@ lstm_persistent_backward(const float* __restrict__ d_states, const float* __rest
                 }
             }
         }
-        lstm_grid_sync(counter, step + 1);
+        rnn_grid_sync(counter, step + 1);
     }
 
     for (int b = warp; b < BATCH; b += WARPS) {

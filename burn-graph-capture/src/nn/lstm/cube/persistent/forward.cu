@@ -56,15 +56,15 @@ lstm_persistent_forward(const float* __restrict__ xp, const float* __restrict__ 
                     }
                 }
             }
-            lstm_warp_sum<UNITS * 4>(z);
+            rnn_warp_sum<UNITS * 4>(z);
 #pragma unroll
             for (int u = 0; u < UNITS; ++u) {
                 const int j = j0 + u;
                 if (lane == u && j < HIDDEN) {
-                    const float i = lstm_sigmoid(xp[XP_AT(b, t, j)] + z[u * 4 + 0]);
-                    const float f = lstm_sigmoid(xp[XP_AT(b, t, HIDDEN + j)] + z[u * 4 + 1]);
+                    const float i = rnn_sigmoid(xp[XP_AT(b, t, j)] + z[u * 4 + 0]);
+                    const float f = rnn_sigmoid(xp[XP_AT(b, t, HIDDEN + j)] + z[u * 4 + 1]);
                     const float g = tanhf(xp[XP_AT(b, t, 2 * HIDDEN + j)] + z[u * 4 + 2]);
-                    const float o = lstm_sigmoid(xp[XP_AT(b, t, 3 * HIDDEN + j)] + z[u * 4 + 3]);
+                    const float o = rnn_sigmoid(xp[XP_AT(b, t, 3 * HIDDEN + j)] + z[u * 4 + 3]);
                     float c_prev;
                     if (t == 0) {
                         c_prev = c0[(offset_t)b * C0_S0 + (offset_t)j * C0_S1];
@@ -86,7 +86,7 @@ lstm_persistent_forward(const float* __restrict__ xp, const float* __restrict__ 
             }
         }
         if (t + 1 < TIME) {
-            lstm_grid_sync(counter, t + 1);
+            rnn_grid_sync(counter, t + 1);
         }
     }
 }

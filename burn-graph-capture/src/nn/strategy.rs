@@ -1,12 +1,13 @@
-//! Which way a layer's recurrence runs on the GPU, decided in this one place.
+//! Which way a layer's recurrence (LSTM or GRU) runs on the GPU, decided in this one place.
 //!
-//! - *Stepwise* (`cube/stepwise.rs`): per time step one recurrent GEMM and one fused cell
-//!   kernel each way. It serves every shape and dtype.
-//! - *Persistent* (`cube/persistent/`): the whole time loop in one cooperative launch each
-//!   way; each block keeps its hidden units' slice of `W_h` in shared memory for the
-//!   sequence, and the blocks meet at a grid-wide barrier after each step. It serves fp32
-//!   where the slices fit in shared memory with one block per SM, and it replaces about
-//!   three kernels per step and direction with one launch.
+//! - *Stepwise*: per time step one recurrent GEMM and the cell's work each way (for the
+//!   LSTM fused kernels, `lstm/cube/stepwise.rs`; for the GRU plain tensor ops). It serves
+//!   every shape and dtype.
+//! - *Persistent* (`lstm/cube/persistent/`, `gru/cube/`): the whole time loop in one
+//!   cooperative launch each way; each block keeps its hidden units' slice of `W_h` in
+//!   shared memory for the sequence, and the blocks meet at a grid-wide barrier after each
+//!   step. It serves fp32 where the slices fit in shared memory with one block per SM, and
+//!   it replaces about three kernels per step and direction with one launch.
 //!
 //! The choice is a pure function of the shape and the device's SM count, so a shape makes
 //! the same choice at every step (warmup, capture and replays agree), and it is traced
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Hidden units per block at least: fewer blocks meet at each barrier.
 const MIN_UNITS: usize = 4;
-/// Hidden units per block at most (registers: each lane keeps four sums per unit).
+/// Hidden units per block at most (registers: each lane keeps a sum per gate and unit).
 const MAX_UNITS: usize = 8;
 /// Shared memory a block may use without opting in to more (static `__shared__`).
 const SHARED_BYTES: usize = 48 * 1024;
@@ -44,7 +45,8 @@ static PREFERENCE: AtomicU8 = AtomicU8::new(0);
 
 const PREFERENCE_VAR: &str = "BURN_GRAPH_CAPTURE_RECURRENCE";
 
-/// Sets the [`RecurrencePreference`] of every later `FusedLstm` call in this process.
+/// Sets the [`RecurrencePreference`] of every later `FusedLstm` and `FusedGru` call in
+/// this process.
 /// A graph already captured keeps the kernels it recorded.
 pub fn set_recurrence_preference(preference: RecurrencePreference) {
     PREFERENCE.store(encode(preference), Ordering::Relaxed);
@@ -112,6 +114,26 @@ pub(crate) fn count_persistent_launch() {
     PERSISTENT_LAUNCHES.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Which recurrent cell a layer runs: it sets how many gate columns of `W_h` each hidden
+/// unit owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cell {
+    /// Four gates (input, forget, cell, output).
+    Lstm,
+    /// Three gates (update, reset, new).
+    Gru,
+}
+
+impl Cell {
+    /// Gate columns per hidden unit.
+    pub fn gates(self) -> usize {
+        match self {
+            Cell::Lstm => 4,
+            Cell::Gru => 3,
+        }
+    }
+}
+
 /// One layer's recurrence problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecurrenceShape {
@@ -144,13 +166,15 @@ pub enum Recurrence {
     Persistent(PersistentGrid),
 }
 
-/// The recurrence for `shape` of fp32 (`fp32`) on a device of `sms` SMs, under
-/// `preference`.
+/// The recurrence for a `cell` layer of `shape` of fp32 (`fp32`) on a device of `sms`
+/// SMs, under `preference`.
 ///
 /// Persistent where a block of [`MIN_UNITS`]..=[`MAX_UNITS`] units per SM covers the hidden
-/// size and its slice of `W_h` (`16 · units · hidden` bytes) fits in 48 KiB; `Auto` also
-/// leaves batches over [`AUTO_MAX_BATCH`] stepwise, where per-step GEMMs use the GPU better.
+/// size and its slice of `W_h` (`4 · gates · units · hidden` bytes) fits in 48 KiB; `Auto`
+/// also leaves batches over [`AUTO_MAX_BATCH`] stepwise, where per-step GEMMs use the GPU
+/// better.
 pub fn choose(
+    cell: Cell,
     shape: RecurrenceShape,
     fp32: bool,
     sms: usize,
@@ -174,7 +198,7 @@ pub fn choose(
         return Recurrence::Stepwise;
     }
     let units = hidden.div_ceil(sms).max(MIN_UNITS);
-    if units > MAX_UNITS || 16 * units * hidden > SHARED_BYTES {
+    if units > MAX_UNITS || slice_bytes(cell, units, hidden) > SHARED_BYTES {
         return Recurrence::Stepwise;
     }
     Recurrence::Persistent(PersistentGrid {
@@ -182,6 +206,11 @@ pub fn choose(
         blocks: hidden.div_ceil(units),
         warps: batch.min(MAX_WARPS),
     })
+}
+
+/// Bytes of a block's slice of `W_h` (fp32): every gate column of its units.
+fn slice_bytes(cell: Cell, units: usize, hidden: usize) -> usize {
+    4 * cell.gates() * units * hidden
 }
 
 /// Batches above this stay stepwise under `Auto`. On the H200 (session 16, graphed Adam
@@ -194,6 +223,7 @@ const AUTO_MAX_BATCH: usize = 64;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Cell::{Gru, Lstm};
     use RecurrencePreference::{Auto, Persistent, Stepwise};
 
     fn shape(batch: usize, time: usize, hidden: usize) -> RecurrenceShape {
@@ -215,56 +245,70 @@ mod tests {
     fn the_benchmark_sizes_choose_as_measured_on_an_h200() {
         let sms = 132;
         assert_eq!(
-            grid(choose(shape(8, 64, 128), true, sms, Auto)),
+            grid(choose(Lstm, shape(8, 64, 128), true, sms, Auto)),
             PersistentGrid {
                 units: 4,
                 blocks: 32,
                 warps: 8
             }
         );
-        assert_eq!(grid(choose(shape(32, 64, 256), true, sms, Auto)).blocks, 64);
+        assert_eq!(
+            grid(choose(Lstm, shape(32, 64, 256), true, sms, Auto)).blocks,
+            64
+        );
         // Slower persistent at batch 128 (measured): stepwise unless forced.
         let large = shape(128, 32, 512);
-        assert_eq!(choose(large, true, sms, Auto), Recurrence::Stepwise);
-        let forced = grid(choose(large, true, sms, Persistent));
+        assert_eq!(choose(Lstm, large, true, sms, Auto), Recurrence::Stepwise);
+        let forced = grid(choose(Lstm, large, true, sms, Persistent));
         assert_eq!((forced.units, forced.blocks, forced.warps), (4, 128, 32));
     }
 
     #[test]
     fn blocks_never_outnumber_sms_and_cover_every_unit() {
-        for sms in [1, 7, 80, 132] {
-            for hidden in 1..700 {
-                if let Recurrence::Persistent(g) = choose(shape(4, 3, hidden), true, sms, Auto) {
-                    assert!(g.blocks <= sms, "{hidden} units on {sms} SMs: {g:?}");
-                    assert!(g.blocks * g.units >= hidden);
-                    assert!((g.blocks - 1) * g.units < hidden, "an empty block: {g:?}");
-                    assert!(16 * g.units * hidden <= SHARED_BYTES);
+        for cell in [Lstm, Gru] {
+            for sms in [1, 7, 80, 132] {
+                for hidden in 1..700 {
+                    let choice = choose(cell, shape(4, 3, hidden), true, sms, Auto);
+                    if let Recurrence::Persistent(g) = choice {
+                        assert!(g.blocks <= sms, "{hidden} units on {sms} SMs: {g:?}");
+                        assert!(g.blocks * g.units >= hidden);
+                        assert!((g.blocks - 1) * g.units < hidden, "an empty block: {g:?}");
+                        assert!(slice_bytes(cell, g.units, hidden) <= SHARED_BYTES);
+                    }
                 }
             }
         }
     }
 
     #[test]
+    fn a_gru_fits_larger_hidden_sizes_than_an_lstm() {
+        // Five units of 640 rows: 51 200 bytes of LSTM gates, 38 400 of GRU gates.
+        let wide = shape(8, 16, 640);
+        assert_eq!(choose(Lstm, wide, true, 132, Auto), Recurrence::Stepwise);
+        assert_eq!(grid(choose(Gru, wide, true, 132, Auto)).units, 5);
+    }
+
+    #[test]
     fn what_does_not_fit_runs_stepwise() {
         // W_h slices beyond 48 KiB per block.
         assert_eq!(
-            choose(shape(8, 64, 1024), true, 132, Persistent),
+            choose(Lstm, shape(8, 64, 1024), true, 132, Persistent),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(shape(8, 64, 128), false, 132, Auto),
+            choose(Lstm, shape(8, 64, 128), false, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(shape(8, 0, 128), true, 132, Auto),
+            choose(Lstm, shape(8, 0, 128), true, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(shape(0, 4, 128), true, 132, Auto),
+            choose(Lstm, shape(0, 4, 128), true, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(shape(8, 4, 128), true, 0, Auto),
+            choose(Lstm, shape(8, 4, 128), true, 0, Auto),
             Recurrence::Stepwise
         );
     }
@@ -272,10 +316,16 @@ mod tests {
     #[test]
     fn preferences_decide_between_both_where_both_fit() {
         let big_batch = shape(512, 8, 64);
-        assert_eq!(choose(big_batch, true, 132, Auto), Recurrence::Stepwise);
-        assert_eq!(grid(choose(big_batch, true, 132, Persistent)).warps, 32);
         assert_eq!(
-            choose(shape(8, 64, 128), true, 132, Stepwise),
+            choose(Lstm, big_batch, true, 132, Auto),
+            Recurrence::Stepwise
+        );
+        assert_eq!(
+            grid(choose(Lstm, big_batch, true, 132, Persistent)).warps,
+            32
+        );
+        assert_eq!(
+            choose(Lstm, shape(8, 64, 128), true, 132, Stepwise),
             Recurrence::Stepwise
         );
     }

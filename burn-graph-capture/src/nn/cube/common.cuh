@@ -1,19 +1,18 @@
-// Shared by the persistent LSTM kernels (see mod.rs). The generated prelude defines
-// BATCH, TIME, HIDDEN, UNITS (hidden units per block), BLOCKS, WARPS and every tensor's
-// strides in elements; one kernel is compiled per configuration.
-#define FOUR_H (4 * HIDDEN)
+// Shared by the persistent LSTM and GRU kernels (see persistent.rs). The generated prelude
+// defines BATCH, TIME, HIDDEN, UNITS (hidden units per block), BLOCKS, WARPS and every
+// tensor's strides in elements; one kernel is compiled per configuration.
 #define THREADS (WARPS * 32)
 #define FULL_WARP 0xffffffffu
 
 typedef long long offset_t;
 
-__device__ __forceinline__ float lstm_sigmoid(float x) {
+__device__ __forceinline__ float rnn_sigmoid(float x) {
     return 1.0f / (1.0f + expf(0.0f - x));
 }
 
 // An acquire load at device scope: what the other blocks wrote before they arrived is
 // visible after it.
-__device__ __forceinline__ unsigned int lstm_load_acquire(const unsigned int* address) {
+__device__ __forceinline__ unsigned int rnn_load_acquire(const unsigned int* address) {
     unsigned int value;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
     return value;
@@ -22,13 +21,13 @@ __device__ __forceinline__ unsigned int lstm_load_acquire(const unsigned int* ad
 // The `round`-th (1-based) meeting of all blocks. `counter` starts at zero and only grows,
 // so a block that arrives early at the next round cannot release a late one. The launch is
 // cooperative, so every block is resident and the spin ends.
-__device__ __forceinline__ void lstm_grid_sync(unsigned int* counter, unsigned int round) {
+__device__ __forceinline__ void rnn_grid_sync(unsigned int* counter, unsigned int round) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(counter, 1u);
         const unsigned int target = round * BLOCKS;
-        while (lstm_load_acquire(counter) < target) {
+        while (rnn_load_acquire(counter) < target) {
         }
         __threadfence();
     }
@@ -37,7 +36,7 @@ __device__ __forceinline__ void lstm_grid_sync(unsigned int* counter, unsigned i
 
 // Adds each lane's partial sums over the warp; every lane ends with the totals.
 template <int N>
-__device__ __forceinline__ void lstm_warp_sum(float (&values)[N]) {
+__device__ __forceinline__ void rnn_warp_sum(float (&values)[N]) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
 #pragma unroll
