@@ -719,6 +719,7 @@ examples_stage() {
     local -A args=(
         [lstm]="lstm --epochs $epochs --compare --stock"
         [lstm-fused]="lstm --epochs $epochs --fused --compare --stock"
+        [lstm-gru]="lstm --epochs $epochs --gru --compare"
         [learner]="lstm-learner --epochs $epochs --compare --stock"
         [charlm]="charlm"
     )

@@ -11,7 +11,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::AutodiffBackend;
-use burn_graph_capture::nn::LstmBackend;
+use burn_graph_capture::nn::{GruBackend, LstmBackend};
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{
     GraphBackend, GraphCapture, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
@@ -20,9 +20,9 @@ use burn_graph_capture::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::model::{DropoutLstmRegressor, Forecaster};
+use crate::model::{DropoutLstmRegressor, Forecaster, GruRegressor, GruRegressorConfig};
 use crate::sunspots::{Evaluation, Sunspots, shuffler};
-use crate::train::{from_bytes, to_bytes};
+use crate::train::{from_bytes, load_bytes, to_bytes};
 use crate::{Batch, LstmRegressor, LstmRegressorConfig};
 
 /// Command-line options shared by the example's binaries.
@@ -69,6 +69,10 @@ pub struct Options {
     /// steps still graph). Stock Burn (`--stock`) still trains one `nn::Lstm` layer.
     #[arg(long, conflicts_with = "fused")]
     pub dropout: Option<f64>,
+    /// Train a `FusedGru` of the same hidden size (and a head) in place of the LSTM, with
+    /// weights drawn from the seed. Stock Burn (`--stock`) still trains `nn::Lstm`.
+    #[arg(long, conflicts_with_all = ["fused", "dropout"])]
+    pub gru: bool,
 }
 
 impl Options {
@@ -145,6 +149,16 @@ pub fn with_dropout<B: LstmBackend>(
         second: second.lstm,
         head: first.head,
     })
+}
+
+/// `--gru`'s model: a `FusedGru` of the options' hidden size and a head, drawn from the
+/// options' seed (through record bytes, as [`Options::initial_weights`]).
+pub fn gru_model<B: GruBackend>(options: &Options, device: &B::Device) -> GruRegressor<B> {
+    use burn::backend::Flex;
+    let config = GruRegressorConfig::new(options.hidden).with_d_input(1);
+    Flex::seed(&Default::default(), options.seed);
+    let bytes = to_bytes(config.init::<Flex>(&Default::default()));
+    load_bytes(config.init(device), bytes, device)
 }
 
 /// Trains `model` with `GraphTrainer` on `G` (graphed unless `capture` is false).

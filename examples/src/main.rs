@@ -7,7 +7,8 @@
 //! step, then replays. `--compare` also trains eagerly through this crate, `--stock`
 //! with stock Burn and Burn's Adam; the plot overlays every curve. `--fused` trains the
 //! same weights with `FusedLstm` in place of `nn::Lstm`; `--dropout P` trains two
-//! `FusedLstm` layers with dropout P between them, and still graphs.
+//! `FusedLstm` layers with dropout P between them, and still graphs; `--gru` trains a
+//! `FusedGru` of the same hidden size (weights drawn from the seed) instead.
 //!
 //! It writes `model.mpk`, `loss.svg`, `report.json` and `summary.json` into `--out`.
 
@@ -30,10 +31,11 @@ fn main() -> anyhow::Result<()> {
         series.raw.len(),
         series.split,
         series.raw.len() - series.split,
-        match (options.dropout, options.fused) {
-            (Some(_), _) => "two FusedLstm layers with dropout between them,",
-            (None, true) => "FusedLstm",
-            (None, false) => "nn::Lstm",
+        match (options.dropout, options.fused, options.gru) {
+            (Some(_), _, _) => "two FusedLstm layers with dropout between them,",
+            (None, _, true) => "FusedGru",
+            (None, true, _) => "FusedLstm",
+            (None, false, false) => "nn::Lstm",
         },
         options.hidden,
         options.seq_len,
@@ -41,6 +43,10 @@ fn main() -> anyhow::Result<()> {
         options.epochs,
         std::any::type_name::<Inner>(),
     );
+    if options.gru {
+        let gru = forecast::gru_model::<TrainBackend<Inner>>(&options, &device);
+        return run(&options, &series, gru);
+    }
     let initial = forecast::initial_model::<TrainBackend<Inner>>(&options, &device);
     match options.dropout {
         Some(p) => run(

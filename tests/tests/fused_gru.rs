@@ -180,3 +180,40 @@ fn matches_a_larger_batch_within_its_largest_values() {
     };
     compare_gru_within::<A>(case, Tolerance::OfLargest(1e-5));
 }
+
+/// The example's `--gru`: a `FusedGru` forecaster trains through `GraphTrainer` on the
+/// CPU from the seed's weights, and forecasts the held-out months better than it did
+/// before training.
+#[test]
+fn the_example_trains_a_fused_gru() {
+    use burn::module::AutodiffModule;
+    use burn_graph_capture::TrainBackend;
+    use clap::Parser;
+    use lstm_example::forecast::{self, Options};
+    use lstm_example::sunspots::Sunspots;
+    let options = Options::parse_from([
+        "lstm",
+        "--gru",
+        "--epochs",
+        "1",
+        "--seq-len",
+        "8",
+        "--hidden",
+        "8",
+        "--lr",
+        "1e-2",
+    ]);
+    let series = Sunspots::load().expect("the sunspot series");
+    let device = Default::default();
+    let model = forecast::gru_model::<TrainBackend<Flex>>(&options, &device);
+    let before = forecast::evaluate(&model.valid(), &series, options.seq_len, &device);
+    let run =
+        forecast::train::<Flex, _>(&options, &series, model, true, "graphed").expect("trains");
+    assert!(!run.losses.is_empty() && run.losses.iter().all(|loss| loss.is_finite()));
+    assert!(
+        run.eval.rmse < before.rmse,
+        "held-out RMSE {} before training, {} after",
+        before.rmse,
+        run.eval.rmse
+    );
+}

@@ -21,8 +21,11 @@ const MIN_UNITS: usize = 4;
 const MAX_UNITS: usize = 8;
 /// Shared memory a block may use without opting in to more (static `__shared__`).
 const SHARED_BYTES: usize = 48 * 1024;
-/// Threads per block at most (one warp per batch row, rows beyond loop).
+/// Threads per block at most (each warp takes `rows` batch rows at a time, rows beyond
+/// loop).
 const MAX_WARPS: usize = 32;
+/// Partial sums a lane may keep (`rows · gates · units`), so that they stay in registers.
+const MAX_SUMS: usize = 64;
 
 /// Which recurrence [`choose`] should pick; the default is `Auto`.
 ///
@@ -146,15 +149,20 @@ pub struct RecurrenceShape {
 }
 
 /// The launch of a persistent recurrence: `blocks` blocks of `warps` warps, each block
-/// owning `units` consecutive hidden units (the last block may own fewer).
+/// owning `units` consecutive hidden units (the last block may own fewer), each warp
+/// taking `rows` batch rows at a time (every weight it reads from shared memory serves
+/// them all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PersistentGrid {
     /// Hidden units per block.
     pub units: usize,
     /// Blocks: at most one per SM.
     pub blocks: usize,
-    /// Warps per block: one per batch row, at most 32.
+    /// Warps per block, at most 32.
     pub warps: usize,
+    /// Batch rows a warp computes at once: one lane per row and unit, and at most
+    /// 64 partial sums per lane.
+    pub rows: usize,
 }
 
 /// How a layer's recurrence runs.
@@ -201,10 +209,13 @@ pub fn choose(
     if units > MAX_UNITS || slice_bytes(cell, units, hidden) > SHARED_BYTES {
         return Recurrence::Stepwise;
     }
+    let max_rows = (32 / units).min(MAX_SUMS / (cell.gates() * units)).max(1);
+    let rows = batch.div_ceil(MAX_WARPS).min(max_rows);
     Recurrence::Persistent(PersistentGrid {
         units,
         blocks: hidden.div_ceil(units),
-        warps: batch.min(MAX_WARPS),
+        warps: batch.div_ceil(rows).min(MAX_WARPS),
+        rows,
     })
 }
 
@@ -249,7 +260,8 @@ mod tests {
             PersistentGrid {
                 units: 4,
                 blocks: 32,
-                warps: 8
+                warps: 8,
+                rows: 1,
             }
         );
         assert_eq!(
@@ -260,7 +272,10 @@ mod tests {
         let large = shape(128, 32, 512);
         assert_eq!(choose(Lstm, large, true, sms, Auto), Recurrence::Stepwise);
         let forced = grid(choose(Lstm, large, true, sms, Persistent));
-        assert_eq!((forced.units, forced.blocks, forced.warps), (4, 128, 32));
+        assert_eq!(
+            (forced.units, forced.blocks, forced.warps, forced.rows),
+            (4, 128, 32, 4)
+        );
     }
 
     #[test]
@@ -274,6 +289,8 @@ mod tests {
                         assert!(g.blocks * g.units >= hidden);
                         assert!((g.blocks - 1) * g.units < hidden, "an empty block: {g:?}");
                         assert!(slice_bytes(cell, g.units, hidden) <= SHARED_BYTES);
+                        assert!(g.rows * g.units <= 32, "a lane per row and unit: {g:?}");
+                        assert!(g.rows * g.units * cell.gates() <= MAX_SUMS);
                     }
                 }
             }
@@ -311,6 +328,28 @@ mod tests {
             choose(Lstm, shape(8, 4, 128), true, 0, Auto),
             Recurrence::Stepwise
         );
+    }
+
+    #[test]
+    fn warps_take_more_rows_at_larger_batches_within_their_registers() {
+        let at = |cell, batch, hidden| {
+            grid(choose(cell, shape(batch, 4, hidden), true, 132, Persistent))
+        };
+        let g = at(Lstm, 40, 100);
+        assert_eq!((g.rows, g.warps), (2, 20));
+        let g = at(Gru, 128, 256);
+        assert_eq!((g.rows, g.warps), (4, 32));
+        // Eight units of four gates (50 units on 7 SMs): 32 sums a row, two rows.
+        let g = grid(choose(Lstm, shape(512, 4, 50), true, 7, Persistent));
+        assert_eq!((g.units, g.rows, g.warps), (8, 2, 32));
+        for batch in 1..300 {
+            let g = at(Lstm, batch, 256);
+            assert!(g.warps * g.rows >= batch.min(32 * g.rows), "{batch}: {g:?}");
+            assert!(
+                g.warps <= MAX_WARPS && g.rows * g.units <= 32,
+                "{batch}: {g:?}"
+            );
+        }
     }
 
     #[test]

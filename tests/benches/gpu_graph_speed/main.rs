@@ -5,8 +5,8 @@
 //! - `stock`: `Autodiff<burn_cuda::Cuda>` with Burn's own Adam, eager;
 //! - `cube`: `CudaCube` (no fusion), graphed;
 //! - `fused-lstm`: `CudaFused` with `FusedLstm` in place of `nn::Lstm` (same weights),
-//!   graphed and eager; `fused-lstm-stepwise` the same with the stepwise recurrence forced
-//!   (`fused-lstm` takes the persistent one where it fits);
+//!   graphed and eager; `fused-lstm-stepwise` and `fused-lstm-persistent` the same with
+//!   either recurrence forced (`fused-lstm` takes the library's choice);
 //! - `ddp1`, `fused-lstm-ddp1`: `fused` and `fused-lstm` graphed by the one rank of a
 //!   data-parallel group (issue 16: the NCCL all-reduce and the agreement in the step);
 //!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
@@ -167,8 +167,12 @@ fn speed(sizes: &[Size], stacks: &[String]) {
         // `fused-lstm` as the library chooses its recurrence (persistent where it fits),
         // `fused-lstm-stepwise` with the per-step GEMMs forced; the same for `FusedGru`,
         // whose forced stepwise recurrence is its plain ops (issue 28: all, one run).
-        use RecurrencePreference::{Auto, Stepwise};
-        for (stack, preference) in [("fused-lstm", Auto), ("fused-lstm-stepwise", Stepwise)] {
+        use RecurrencePreference::{Auto, Persistent, Stepwise};
+        for (stack, preference) in [
+            ("fused-lstm", Auto),
+            ("fused-lstm-stepwise", Stepwise),
+            ("fused-lstm-persistent", Persistent),
+        ] {
             if wants(stack) {
                 rows.extend(recurrent::<Batched<CudaFused>>(
                     size, stack, preference, &work, &device,

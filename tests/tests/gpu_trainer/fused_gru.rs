@@ -93,6 +93,8 @@ fn matches_nn_gru<G: Stack>() {
             _ => 0,
         };
         let launches = |case: GruCase, compare: &dyn Fn()| {
+            // The tolerance's message names the case, this line the recurrence.
+            eprintln!("{preference:?}: {case:?}");
             let before = persistent_launches();
             compare();
             let launched = persistent_launches() - before;

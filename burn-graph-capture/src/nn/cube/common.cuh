@@ -1,6 +1,7 @@
 // Shared by the persistent LSTM and GRU kernels (see persistent.rs). The generated prelude
-// defines BATCH, TIME, HIDDEN, UNITS (hidden units per block), BLOCKS, WARPS and every
-// tensor's strides in elements; one kernel is compiled per configuration.
+// defines BATCH, TIME, HIDDEN, UNITS (hidden units per block), BLOCKS, WARPS, ROWS (batch
+// rows a warp computes at once) and every tensor's strides in elements; one kernel is
+// compiled per configuration.
 #define THREADS (WARPS * 32)
 #define FULL_WARP 0xffffffffu
 

@@ -46,7 +46,8 @@ impl Prelude {
             })
     }
 
-    /// The problem and the launch: `BATCH`, `TIME`, `HIDDEN`, `UNITS`, `BLOCKS`, `WARPS`.
+    /// The problem and the launch: `BATCH`, `TIME`, `HIDDEN`, `UNITS`, `BLOCKS`, `WARPS`,
+    /// `ROWS`.
     pub(crate) fn grid(
         self,
         batch: usize,
@@ -60,6 +61,7 @@ impl Prelude {
             .define("UNITS", grid.units)
             .define("BLOCKS", grid.blocks)
             .define("WARPS", grid.warps)
+            .define("ROWS", grid.rows)
     }
 }
 
@@ -132,12 +134,13 @@ mod tests {
             units: 4,
             blocks: 2,
             warps: 3,
+            rows: 2,
         };
         let prelude = Prelude::default().grid(3, 5, 8, grid).define("XP_S0", 160);
         assert_eq!(
             prelude.0,
             "#define BATCH 3\n#define TIME 5\n#define HIDDEN 8\n#define UNITS 4\n\
-             #define BLOCKS 2\n#define WARPS 3\n#define XP_S0 160\n"
+             #define BLOCKS 2\n#define WARPS 3\n#define ROWS 2\n#define XP_S0 160\n"
         );
     }
 

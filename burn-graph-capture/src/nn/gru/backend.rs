@@ -6,10 +6,11 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::recurrence;
+use super::recurrence::{self, Matmul};
 use crate::nn::sequence::{primitive, tensor};
 
 /// A backend on which [`FusedGru`](super::FusedGru) runs: a GRU layer's recurrence as one
@@ -42,36 +43,42 @@ pub trait GruKernels: Backend {
         bh: FloatTensor<Self>,
         h0: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        plain_forward::<Self>(xp, wh, bh, h0)
+        plain_forward::<Self>(xp, wh, bh, h0, Tensor::matmul)
     }
 
     /// Gradients of `(xp, wh, bh, h0)` from the hidden states' gradient `d_states`.
     fn gru_backward(d_states: FloatTensor<Self>, saved: GruSaved<Self>) -> [FloatTensor<Self>; 4] {
-        plain_backward::<Self>(d_states, saved)
+        plain_backward::<Self>(d_states, saved, Tensor::matmul)
     }
 }
 
-/// [`GruKernels::gru_forward`] in plain tensor ops (`recurrence::forward`).
+/// [`GruKernels::gru_forward`] in plain tensor ops (`recurrence::forward`), multiplying
+/// with `matmul`.
 pub(crate) fn plain_forward<B: Backend>(
     xp: FloatTensor<B>,
     wh: FloatTensor<B>,
     bh: FloatTensor<B>,
     h0: FloatTensor<B>,
+    matmul: Matmul<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let (states, saved) = recurrence::forward::<B>(tensor(xp), tensor(wh), tensor(bh), tensor(h0));
+    let (states, saved) =
+        recurrence::forward::<B>(tensor(xp), tensor(wh), tensor(bh), tensor(h0), matmul);
     (primitive(states), primitive(saved))
 }
 
-/// [`GruKernels::gru_backward`] in plain tensor ops (`recurrence::backward`).
+/// [`GruKernels::gru_backward`] in plain tensor ops (`recurrence::backward`), multiplying
+/// with `matmul`.
 pub(crate) fn plain_backward<B: Backend>(
     d_states: FloatTensor<B>,
     saved: GruSaved<B>,
+    matmul: Matmul<B>,
 ) -> [FloatTensor<B>; 4] {
     let (d_xp, d_wh, d_bh, d_h0) = recurrence::backward::<B>(
         tensor(d_states),
         tensor(saved.states),
         tensor(saved.gates),
         tensor(saved.wh),
+        matmul,
     );
     [
         primitive(d_xp),

@@ -11,6 +11,10 @@ use burn::tensor::{Tensor, backend::Backend};
 
 use crate::nn::sequence::{at, part, step};
 
+/// How the recurrence multiplies: `Tensor::matmul`, or a backend's faster or more exact
+/// GEMM (cuBLAS on this crate's runtime, where CubeCL's matmul may run at TF32).
+pub(crate) type Matmul<B> = fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>;
+
 /// The layer's hidden states `[time + 1, batch, H]` and saved gates `[time, batch, 4H]`,
 /// from the input projection `xp = x @ W_x + b_x` `[batch, time, 3H]`, the recurrent
 /// weight `wh` `[H, 3H]` and bias `bh` `[3H]`, and the initial state `h0` `[batch, H]`.
@@ -19,6 +23,7 @@ pub(crate) fn forward<B: Backend>(
     wh: Tensor<B, 2>,
     bh: Tensor<B, 1>,
     h0: Tensor<B, 2>,
+    matmul: Matmul<B>,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let [_, time, three_h] = xp.dims();
     let hidden = three_h / 3;
@@ -28,7 +33,7 @@ pub(crate) fn forward<B: Backend>(
     let mut saved = Vec::with_capacity(time);
     for t in 0..time {
         let x = step(&xp, t);
-        let hp = h.clone().matmul(wh.clone()) + bh.clone();
+        let hp = matmul(h.clone(), wh.clone()) + bh.clone();
         let z = sigmoid(part(&x, 0, hidden) + part(&hp, 0, hidden));
         let r = sigmoid(part(&x, 1, hidden) + part(&hp, 1, hidden));
         let hn = part(&hp, 2, hidden);
@@ -47,6 +52,7 @@ pub(crate) fn backward<B: Backend>(
     states: Tensor<B, 3>,
     saved: Tensor<B, 3>,
     wh: Tensor<B, 2>,
+    matmul: Matmul<B>,
 ) -> (Tensor<B, 3>, Tensor<B, 2>, Tensor<B, 1>, Tensor<B, 2>) {
     let [steps, batch, hidden] = states.dims();
     let time = steps - 1;
@@ -76,7 +82,7 @@ pub(crate) fn backward<B: Backend>(
         let da_z = dh.clone() * (h_prev - n) * z.clone() * (z.clone().neg() + 1.0);
         let da_r = da_n.clone() * hn * r.clone() * (r.clone().neg() + 1.0);
         let d_hp = Tensor::cat(vec![da_z.clone(), da_r.clone(), da_n.clone() * r], 1);
-        carried = Some(dh * z + d_hp.clone().matmul(wh_t.clone()));
+        carried = Some(dh * z + matmul(d_hp.clone(), wh_t.clone()));
         dxp.push(Tensor::cat(vec![da_z, da_r, da_n], 1));
         dhp.push(d_hp);
     }
@@ -87,7 +93,7 @@ pub(crate) fn backward<B: Backend>(
     let h_prev = states
         .slice([0..time, 0..batch, 0..hidden])
         .reshape([time * batch, hidden]);
-    let d_wh = h_prev.transpose().matmul(dhp.clone());
+    let d_wh = matmul(h_prev.transpose(), dhp.clone());
     let d_bh = dhp.sum_dim(0).reshape([three_h]);
     (Tensor::stack::<3>(dxp, 0).swap_dims(0, 1), d_wh, d_bh, d_h0)
 }

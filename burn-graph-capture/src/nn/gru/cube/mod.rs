@@ -7,6 +7,7 @@
 mod fusion;
 mod persistent;
 
+use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;
 use burn_backend::{DeviceOps, TensorMetadata};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -16,6 +17,21 @@ use super::backend::{GruKernels, GruSaved, plain_backward, plain_forward};
 use crate::nn::cube::{gemm, on_graph_runtime, recurrence};
 use crate::nn::sequence::{primitive, tensor};
 use crate::nn::strategy::{Cell, Recurrence, RecurrenceShape};
+
+/// The plain recurrence's products through cuBLAS where it serves them (`nn::cube::gemm`):
+/// CubeCL's matmul may run fp32 at TF32.
+fn cublas<R, F, I, BT>(
+    a: Tensor<CubeBackend<R, F, I, BT>, 2>,
+    b: Tensor<CubeBackend<R, F, I, BT>, 2>,
+) -> Tensor<CubeBackend<R, F, I, BT>, 2>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    tensor(gemm::<CubeBackend<R, F, I, BT>, R>(a, b))
+}
 
 impl<R, F, I, BT> GruKernels for CubeBackend<R, F, I, BT>
 where
@@ -48,7 +64,7 @@ where
         {
             return (states, gates);
         }
-        plain_forward::<Self>(xp, wh, bh, h0)
+        plain_forward::<Self>(xp, wh, bh, h0, cublas::<R, F, I, BT>)
     }
 
     fn gru_backward(d_states: FloatTensor<Self>, saved: GruSaved<Self>) -> [FloatTensor<Self>; 4] {
@@ -61,7 +77,7 @@ where
         };
         // `choose` keeps other dtypes and empty sequences stepwise.
         let Recurrence::Persistent(grid) = recurrence(Cell::Gru, &saved.states, shape) else {
-            return plain_backward::<Self>(d_states, saved);
+            return plain_backward::<Self>(d_states, saved, cublas::<R, F, I, BT>);
         };
         let GruSaved { states, gates, wh } = saved;
         let Some([dxp, dhp, d_h0]) =
@@ -70,7 +86,11 @@ where
                 [dxp, dhp, d_h0]
             })
         else {
-            return plain_backward::<Self>(d_states, GruSaved { states, gates, wh });
+            return plain_backward::<Self>(
+                d_states,
+                GruSaved { states, gates, wh },
+                cublas::<R, F, I, BT>,
+            );
         };
         // The recurrent weight's and bias's gradients, once over the sequence:
         // `h_{t-1}^T @ dhp_t` and `dhp_t` summed over t and the batch.

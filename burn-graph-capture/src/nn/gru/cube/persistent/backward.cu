@@ -1,12 +1,12 @@
 // The GRU backward recurrence in one launch, mirroring forward.cu: block `blockIdx.x` owns
 // hidden units [j0, j0 + UNITS) and keeps their rows of W_h in shared memory. Going back
-// from the last step, warp `w` takes batch rows w, w + WARPS, ...: its lanes split the
+// from the last step, warp `w` takes ROWS batch rows at a time: its lanes split the
 // hidden gradient that step t + 1 sends back through W_h (dhp_{t+1}[b] . W_h[j, :]), and
-// lane u adds the states' gradient and the carried dh_{t+1} z_{t+1} (kept in d_h0, which
-// only that thread touches until the end), then writes unit j0 + u's gate gradients:
-// dxp = (da_z, da_r, da_n) for the input projection and dhp = (da_z, da_r, da_n r) for
-// the hidden one. The blocks meet after each step, since step t - 1 reads every gate
-// gradient of step t. Last, d_h0 = dhp_0 . W_h^T + carried + d_states[0].
+// lane r * UNITS + u adds row r's states' gradient and the carried dh_{t+1} z_{t+1} (kept
+// in d_h0, which only that lane touches until the end), then writes unit j0 + u's gate
+// gradients: dxp = (da_z, da_r, da_n) for the input projection and dhp = (da_z, da_r,
+// da_n r) for the hidden one. The blocks meet after each step, since step t - 1 reads
+// every gate gradient of step t. Last, d_h0 = dhp_0 . W_h^T + carried + d_states[0].
 //
 // The weight and bias gradients are not computed here: one GEMM and one sum over the
 // sequence (gru/cube/mod.rs).
@@ -20,26 +20,51 @@
 #define DH_AT(b, j) ((offset_t)(b) * DH_S0 + (offset_t)(j) * DH_S1)
 #define P_ROUNDS ((THREE_H + 31) / 32)
 
-// Lane-split dot products of dhp_t[b] with the block's rows of W_h, summed over the warp.
-__device__ __forceinline__ void gru_hidden_gradient(const float* dhp, const float* w, int t,
-                                                    int b, int lane, float (&dh)[UNITS]) {
+// This lane's share of rows b0.. of dhp_t . W_h[j0 + u, :], summed over the warp; returns
+// the sum of row `my_row` and unit `my_unit` (zero for a lane that owns none).
+__device__ __forceinline__ float gru_hidden_gradient(const float* dhp, const float* w, int t,
+                                                     int b0, int lane, int my_row,
+                                                     int my_unit) {
+    float dh[ROWS][UNITS];
 #pragma unroll
-    for (int u = 0; u < UNITS; ++u) {
-        dh[u] = 0.0f;
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            dh[r][u] = 0.0f;
+        }
     }
 #pragma unroll 8
     for (int round = 0; round < P_ROUNDS; ++round) {
         const int c = round * 32 + lane;
         if (c < THREE_H) {
-            // Written by other blocks in the previous step: read from L2.
-            const float d = __ldcg(dhp + DP_AT(t, b, c));
+            float d[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                // Written by other blocks in the previous step: read from L2.
+                d[r] = b0 + r < BATCH ? __ldcg(dhp + DP_AT(t, b0 + r, c)) : 0.0f;
+            }
 #pragma unroll
             for (int u = 0; u < UNITS; ++u) {
-                dh[u] += d * w[u * THREE_H + c];
+                const float weight = w[u * THREE_H + c];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    dh[r][u] += d[r] * weight;
+                }
             }
         }
     }
-    rnn_warp_sum<UNITS>(dh);
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        rnn_warp_sum<UNITS>(dh[r]);
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            if (my_row == r && my_unit == u) {
+                mine = dh[r][u];
+            }
+        }
+    }
+    return mine;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -58,52 +83,49 @@ gru_persistent_backward(const float* __restrict__ d_states, const float* __restr
         w[index] = j < HIDDEN ? wh[(offset_t)j * WH_S0 + (offset_t)c * WH_S1] : 0.0f;
     }
     __syncthreads();
+    // The (row, unit) this lane updates.
+    const int my_row = lane / UNITS;
+    const int my_unit = lane % UNITS;
+    const int j = j0 + my_unit;
 
     for (int step = 0; step < TIME; ++step) {
         const int t = TIME - 1 - step;
-        for (int b = warp; b < BATCH; b += WARPS) {
-            float dh_rec[UNITS];
+        for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
+            float dh_rec = 0.0f;
             if (step > 0) {
-                gru_hidden_gradient(dhp, w, t + 1, b, lane, dh_rec);
+                dh_rec = gru_hidden_gradient(dhp, w, t + 1, b0, lane, my_row, my_unit);
             }
-#pragma unroll
-            for (int u = 0; u < UNITS; ++u) {
-                const int j = j0 + u;
-                if (lane == u && j < HIDDEN) {
-                    float dh = d_states[DS_AT(t + 1, b, j)];
-                    if (step > 0) {
-                        dh += d_h0[DH_AT(b, j)] + dh_rec[u];
-                    }
-                    const float z = gates[GA_AT(t, b, j)];
-                    const float r = gates[GA_AT(t, b, HIDDEN + j)];
-                    const float n = gates[GA_AT(t, b, 2 * HIDDEN + j)];
-                    const float hn = gates[GA_AT(t, b, 3 * HIDDEN + j)];
-                    const float h_prev = states[ST_AT(t, b, j)];
-                    const float da_n = dh * (1.0f - z) * (1.0f - n * n);
-                    const float da_z = dh * (h_prev - n) * z * (1.0f - z);
-                    const float da_r = da_n * hn * r * (1.0f - r);
-                    dxp[DX_AT(t, b, j)] = da_z;
-                    dxp[DX_AT(t, b, HIDDEN + j)] = da_r;
-                    dxp[DX_AT(t, b, 2 * HIDDEN + j)] = da_n;
-                    dhp[DP_AT(t, b, j)] = da_z;
-                    dhp[DP_AT(t, b, HIDDEN + j)] = da_r;
-                    dhp[DP_AT(t, b, 2 * HIDDEN + j)] = da_n * r;
-                    d_h0[DH_AT(b, j)] = dh * z;
+            const int b = b0 + my_row;
+            if (my_row < ROWS && b < BATCH && j < HIDDEN) {
+                float dh = d_states[DS_AT(t + 1, b, j)];
+                if (step > 0) {
+                    dh += d_h0[DH_AT(b, j)] + dh_rec;
                 }
+                const float z = gates[GA_AT(t, b, j)];
+                const float r = gates[GA_AT(t, b, HIDDEN + j)];
+                const float n = gates[GA_AT(t, b, 2 * HIDDEN + j)];
+                const float hn = gates[GA_AT(t, b, 3 * HIDDEN + j)];
+                const float h_prev = states[ST_AT(t, b, j)];
+                const float da_n = dh * (1.0f - z) * (1.0f - n * n);
+                const float da_z = dh * (h_prev - n) * z * (1.0f - z);
+                const float da_r = da_n * hn * r * (1.0f - r);
+                dxp[DX_AT(t, b, j)] = da_z;
+                dxp[DX_AT(t, b, HIDDEN + j)] = da_r;
+                dxp[DX_AT(t, b, 2 * HIDDEN + j)] = da_n;
+                dhp[DP_AT(t, b, j)] = da_z;
+                dhp[DP_AT(t, b, HIDDEN + j)] = da_r;
+                dhp[DP_AT(t, b, 2 * HIDDEN + j)] = da_n * r;
+                d_h0[DH_AT(b, j)] = dh * z;
             }
         }
         rnn_grid_sync(counter, step + 1);
     }
 
-    for (int b = warp; b < BATCH; b += WARPS) {
-        float dh_rec[UNITS];
-        gru_hidden_gradient(dhp, w, 0, b, lane, dh_rec);
-#pragma unroll
-        for (int u = 0; u < UNITS; ++u) {
-            const int j = j0 + u;
-            if (lane == u && j < HIDDEN) {
-                d_h0[DH_AT(b, j)] = d_h0[DH_AT(b, j)] + dh_rec[u] + d_states[DS_AT(0, b, j)];
-            }
+    for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
+        const float dh_rec = gru_hidden_gradient(dhp, w, 0, b0, lane, my_row, my_unit);
+        const int b = b0 + my_row;
+        if (my_row < ROWS && b < BATCH && j < HIDDEN) {
+            d_h0[DH_AT(b, j)] = d_h0[DH_AT(b, j)] + dh_rec + d_states[DS_AT(0, b, j)];
         }
     }
 }

@@ -1,11 +1,12 @@
 // The backward recurrence in one launch, mirroring forward.cu: block `blockIdx.x` owns
 // hidden units [j0, j0 + UNITS) and keeps their rows of W_h in shared memory. Going back
-// from the last step, warp `w` takes batch rows w, w + WARPS, ...: its lanes split the
-// hidden gradient that step t + 1 sends back (dz_{t+1}[b] . W_h[j, :]), and lane u turns
-// it into unit j0 + u's gate gradients dz_t and the carried cell gradient (kept in
-// d_c0, which only that thread touches until the end). The blocks meet after each step,
-// since step t - 1 reads every gate gradient of step t. Last, the initial state's
-// gradients: d_h0 = dz_0 . W_h^T + d_states[0, 0], d_c0 = carried + d_states[1, 0].
+// from the last step, warp `w` takes ROWS batch rows at a time: its lanes split the
+// hidden gradient that step t + 1 sends back (dz_{t+1}[b] . W_h[j, :]), each weight read
+// once for all ROWS rows, and lane r * UNITS + u turns row r's sum into unit j0 + u's gate
+// gradients dz_t and the carried cell gradient (kept in d_c0, which only that lane
+// touches until the end). The blocks meet after each step, since step t - 1 reads every
+// gate gradient of step t. Last, the initial state's gradients:
+// d_h0 = dz_0 . W_h^T + d_states[0, 0], d_c0 = carried + d_states[1, 0].
 //
 // The weight gradients are not computed here: d_xp is dz itself, d_W_h one GEMM over the
 // sequence (mod.rs).
@@ -21,26 +22,51 @@
 #define DC_AT(b, j) ((offset_t)(b) * DC_S0 + (offset_t)(j) * DC_S1)
 #define Z_ROUNDS ((FOUR_H + 31) / 32)
 
-// Lane-split dot products of dz_t[b] with the block's rows of W_h, summed over the warp.
-__device__ __forceinline__ void lstm_hidden_gradient(const float* dz, const float* w, int t,
-                                                     int b, int lane, float (&dh)[UNITS]) {
+// This lane's share of rows b0.. of dz_t . W_h[j0 + u, :], summed over the warp; returns
+// the sum of row `my_row` and unit `my_unit` (zero for a lane that owns none).
+__device__ __forceinline__ float lstm_hidden_gradient(const float* dz, const float* w, int t,
+                                                      int b0, int lane, int my_row,
+                                                      int my_unit) {
+    float dh[ROWS][UNITS];
 #pragma unroll
-    for (int u = 0; u < UNITS; ++u) {
-        dh[u] = 0.0f;
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            dh[r][u] = 0.0f;
+        }
     }
 #pragma unroll 8
     for (int round = 0; round < Z_ROUNDS; ++round) {
         const int c = round * 32 + lane;
         if (c < FOUR_H) {
-            // Written by other blocks in the previous step: read from L2.
-            const float d = __ldcg(dz + DZ_AT(t, b, c));
+            float d[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                // Written by other blocks in the previous step: read from L2.
+                d[r] = b0 + r < BATCH ? __ldcg(dz + DZ_AT(t, b0 + r, c)) : 0.0f;
+            }
 #pragma unroll
             for (int u = 0; u < UNITS; ++u) {
-                dh[u] += d * w[u * FOUR_H + c];
+                const float weight = w[u * FOUR_H + c];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    dh[r][u] += d[r] * weight;
+                }
             }
         }
     }
-    rnn_warp_sum<UNITS>(dh);
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        rnn_warp_sum<UNITS>(dh[r]);
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            if (my_row == r && my_unit == u) {
+                mine = dh[r][u];
+            }
+        }
+    }
+    return mine;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -59,52 +85,49 @@ lstm_persistent_backward(const float* __restrict__ d_states, const float* __rest
         w[index] = j < HIDDEN ? wh[(offset_t)j * WH_S0 + (offset_t)c * WH_S1] : 0.0f;
     }
     __syncthreads();
+    // The (row, unit) this lane updates.
+    const int my_row = lane / UNITS;
+    const int my_unit = lane % UNITS;
+    const int j = j0 + my_unit;
 
     for (int step = 0; step < TIME; ++step) {
         const int t = TIME - 1 - step;
-        for (int b = warp; b < BATCH; b += WARPS) {
-            float dh_rec[UNITS];
+        for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
+            float dh_rec = 0.0f;
             if (step > 0) {
-                lstm_hidden_gradient(dz, w, t + 1, b, lane, dh_rec);
+                dh_rec = lstm_hidden_gradient(dz, w, t + 1, b0, lane, my_row, my_unit);
             }
-#pragma unroll
-            for (int u = 0; u < UNITS; ++u) {
-                const int j = j0 + u;
-                if (lane == u && j < HIDDEN) {
-                    float dh = d_states[DS_AT(0, t + 1, b, j)];
-                    float dc_in = d_states[DS_AT(1, t + 1, b, j)];
-                    if (step > 0) {
-                        dh += dh_rec[u];
-                        dc_in += d_c0[DC_AT(b, j)];
-                    }
-                    const float i = gates[GA_AT(t, b, j)];
-                    const float f = gates[GA_AT(t, b, HIDDEN + j)];
-                    const float g = gates[GA_AT(t, b, 2 * HIDDEN + j)];
-                    const float o = gates[GA_AT(t, b, 3 * HIDDEN + j)];
-                    const float tanh_c = tanhf(states[ST_AT(1, t + 1, b, j)]);
-                    const float c_prev = states[ST_AT(1, t, b, j)];
-                    const float d_c = dc_in + dh * o * (1.0f - tanh_c * tanh_c);
-                    dz[DZ_AT(t, b, j)] = d_c * g * i * (1.0f - i);
-                    dz[DZ_AT(t, b, HIDDEN + j)] = d_c * c_prev * f * (1.0f - f);
-                    dz[DZ_AT(t, b, 2 * HIDDEN + j)] = d_c * i * (1.0f - g * g);
-                    dz[DZ_AT(t, b, 3 * HIDDEN + j)] = dh * tanh_c * o * (1.0f - o);
-                    d_c0[DC_AT(b, j)] = d_c * f;
+            const int b = b0 + my_row;
+            if (my_row < ROWS && b < BATCH && j < HIDDEN) {
+                float dh = d_states[DS_AT(0, t + 1, b, j)];
+                float dc_in = d_states[DS_AT(1, t + 1, b, j)];
+                if (step > 0) {
+                    dh += dh_rec;
+                    dc_in += d_c0[DC_AT(b, j)];
                 }
+                const float i = gates[GA_AT(t, b, j)];
+                const float f = gates[GA_AT(t, b, HIDDEN + j)];
+                const float g = gates[GA_AT(t, b, 2 * HIDDEN + j)];
+                const float o = gates[GA_AT(t, b, 3 * HIDDEN + j)];
+                const float tanh_c = tanhf(states[ST_AT(1, t + 1, b, j)]);
+                const float c_prev = states[ST_AT(1, t, b, j)];
+                const float d_c = dc_in + dh * o * (1.0f - tanh_c * tanh_c);
+                dz[DZ_AT(t, b, j)] = d_c * g * i * (1.0f - i);
+                dz[DZ_AT(t, b, HIDDEN + j)] = d_c * c_prev * f * (1.0f - f);
+                dz[DZ_AT(t, b, 2 * HIDDEN + j)] = d_c * i * (1.0f - g * g);
+                dz[DZ_AT(t, b, 3 * HIDDEN + j)] = dh * tanh_c * o * (1.0f - o);
+                d_c0[DC_AT(b, j)] = d_c * f;
             }
         }
         rnn_grid_sync(counter, step + 1);
     }
 
-    for (int b = warp; b < BATCH; b += WARPS) {
-        float dh_rec[UNITS];
-        lstm_hidden_gradient(dz, w, 0, b, lane, dh_rec);
-#pragma unroll
-        for (int u = 0; u < UNITS; ++u) {
-            const int j = j0 + u;
-            if (lane == u && j < HIDDEN) {
-                d_h0[DH_AT(b, j)] = dh_rec[u] + d_states[DS_AT(0, 0, b, j)];
-                d_c0[DC_AT(b, j)] = d_c0[DC_AT(b, j)] + d_states[DS_AT(1, 0, b, j)];
-            }
+    for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
+        const float dh_rec = lstm_hidden_gradient(dz, w, 0, b0, lane, my_row, my_unit);
+        const int b = b0 + my_row;
+        if (my_row < ROWS && b < BATCH && j < HIDDEN) {
+            d_h0[DH_AT(b, j)] = dh_rec + d_states[DS_AT(0, 0, b, j)];
+            d_c0[DC_AT(b, j)] = d_c0[DC_AT(b, j)] + d_states[DS_AT(1, 0, b, j)];
         }
     }
 }
