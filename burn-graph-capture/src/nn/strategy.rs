@@ -26,6 +26,11 @@ const SHARED_BYTES: usize = 48 * 1024;
 const MAX_WARPS: usize = 32;
 /// Partial sums a lane may keep (`rows · gates · units`), so that they stay in registers.
 const MAX_SUMS: usize = 64;
+/// Partial sums a whole block may keep: half of an SM's 64 Ki registers, since a block of
+/// `t` threads leaves each lane `65536 / t` registers (`__launch_bounds__(THREADS, 1)`).
+/// Beyond it the sums spill: on the H200 four rows of 16 sums in 32 warps took 3.98 ms at
+/// 128/32/512 against 2.05 for two rows (session 18).
+const BLOCK_SUMS: usize = 32 * 1024;
 
 /// Which recurrence [`choose`] should pick; the default is `Auto`.
 ///
@@ -179,8 +184,9 @@ pub enum Recurrence {
 ///
 /// Persistent where a block of [`MIN_UNITS`]..=[`MAX_UNITS`] units per SM covers the hidden
 /// size and its slice of `W_h` (`4 · gates · units · hidden` bytes) fits in 48 KiB; `Auto`
-/// also leaves batches over [`AUTO_MAX_BATCH`] stepwise, where per-step GEMMs use the GPU
-/// better.
+/// also leaves LSTM batches over [`auto_max_batch`] stepwise, where per-step GEMMs use the
+/// GPU better. Each warp takes as many batch rows as its lanes and the block's registers
+/// ([`BLOCK_SUMS`]) allow.
 pub fn choose(
     cell: Cell,
     shape: RecurrenceShape,
@@ -202,19 +208,24 @@ pub fn choose(
     {
         return Recurrence::Stepwise;
     }
-    if preference == RecurrencePreference::Auto && batch > AUTO_MAX_BATCH {
+    if preference == RecurrencePreference::Auto && batch > auto_max_batch(cell) {
         return Recurrence::Stepwise;
     }
     let units = hidden.div_ceil(sms).max(MIN_UNITS);
     if units > MAX_UNITS || slice_bytes(cell, units, hidden) > SHARED_BYTES {
         return Recurrence::Stepwise;
     }
-    let max_rows = (32 / units).min(MAX_SUMS / (cell.gates() * units)).max(1);
-    let rows = batch.div_ceil(MAX_WARPS).min(max_rows);
+    let sums = cell.gates() * units;
+    let max_rows = (32 / units).min(MAX_SUMS / sums).max(1);
+    let warps = |rows: usize| batch.div_ceil(rows).min(MAX_WARPS);
+    let mut rows = batch.div_ceil(MAX_WARPS).min(max_rows);
+    while rows > 1 && rows * sums * 32 * warps(rows) > BLOCK_SUMS {
+        rows -= 1;
+    }
     Recurrence::Persistent(PersistentGrid {
         units,
         blocks: hidden.div_ceil(units),
-        warps: batch.div_ceil(rows).min(MAX_WARPS),
+        warps: warps(rows),
         rows,
     })
 }
@@ -224,12 +235,18 @@ fn slice_bytes(cell: Cell, units: usize, hidden: usize) -> usize {
     4 * cell.gates() * units * hidden
 }
 
-/// Batches above this stay stepwise under `Auto`. On the H200 (session 16, graphed Adam
-/// step) the persistent recurrence took 1.24 ms against 1.93 stepwise at 32/64/256 and
-/// 0.66 against 1.74 at 8/64/128, but 2.94 against 1.93 at 128/32/512, where each block's
-/// four units of 128 rows make it compute-bound; batches between 32 and 128 were not
-/// measured (`bench/results/rnn-2026-12-03.md`).
-const AUTO_MAX_BATCH: usize = 64;
+/// Batches above this stay stepwise under `Auto`. On the H200 (session 18, graphed Adam
+/// step, `bench/results/rnn-2026-12-04.md`) the persistent LSTM took 1.42 ms against 2.11
+/// stepwise at 64/64/256 and 1.71 against 1.80 at 96/32/512, but 2.05 against 1.93 at
+/// 128/32/512, where each block's four units of 128 rows make it compute-bound. The GRU's
+/// stepwise recurrence is plain ops (a few kernels per step beside the GEMM): persistent
+/// took 1.67 ms against 5.30 at 128/32/512, so the GRU has no limit.
+fn auto_max_batch(cell: Cell) -> usize {
+    match cell {
+        Cell::Lstm => 96,
+        Cell::Gru => usize::MAX,
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -268,14 +285,20 @@ mod tests {
             grid(choose(Lstm, shape(32, 64, 256), true, sms, Auto)).blocks,
             64
         );
-        // Slower persistent at batch 128 (measured): stepwise unless forced.
+        // Faster persistent up to batch 96, slower at 128 (measured): stepwise unless
+        // forced. Two rows a warp, as the block's registers allow.
+        let medium = grid(choose(Lstm, shape(96, 32, 512), true, sms, Auto));
+        assert_eq!((medium.warps, medium.rows), (32, 2));
         let large = shape(128, 32, 512);
         assert_eq!(choose(Lstm, large, true, sms, Auto), Recurrence::Stepwise);
         let forced = grid(choose(Lstm, large, true, sms, Persistent));
         assert_eq!(
             (forced.units, forced.blocks, forced.warps, forced.rows),
-            (4, 128, 32, 4)
+            (4, 128, 32, 2)
         );
+        // The GRU's stepwise recurrence is plain ops: persistent at batch 128 too.
+        let gru = grid(choose(Gru, large, true, sms, Auto));
+        assert_eq!((gru.warps, gru.rows), (32, 2));
     }
 
     #[test]
@@ -337,11 +360,13 @@ mod tests {
         };
         let g = at(Lstm, 40, 100);
         assert_eq!((g.rows, g.warps), (2, 20));
+        // Four rows of 12 sums would need 48 Ki registers in 32 warps: two rows.
         let g = at(Gru, 128, 256);
-        assert_eq!((g.rows, g.warps), (4, 32));
-        // Eight units of four gates (50 units on 7 SMs): 32 sums a row, two rows.
+        assert_eq!((g.rows, g.warps), (2, 32));
+        // Eight units of four gates (50 units on 7 SMs): 32 sums a row, one row in 32
+        // warps.
         let g = grid(choose(Lstm, shape(512, 4, 50), true, 7, Persistent));
-        assert_eq!((g.units, g.rows, g.warps), (8, 2, 32));
+        assert_eq!((g.units, g.rows, g.warps), (8, 1, 32));
         for batch in 1..300 {
             let g = at(Lstm, batch, 256);
             assert!(g.warps * g.rows >= batch.min(32 * g.rows), "{batch}: {g:?}");
@@ -349,6 +374,8 @@ mod tests {
                 g.warps <= MAX_WARPS && g.rows * g.units <= 32,
                 "{batch}: {g:?}"
             );
+            let sums = g.rows * g.units * Lstm.gates();
+            assert!(sums * 32 * g.warps <= BLOCK_SUMS, "{batch}: {g:?}");
         }
     }
 

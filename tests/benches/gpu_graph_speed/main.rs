@@ -12,8 +12,8 @@
 //!   `ddp2`, `fused-lstm-ddp2`: rank 0 of a group of two on GPUs 0 and 1, each with the
 //!   row's batch (two GPUs needed; not in the default list);
 //! - `fused-gru`: `CudaFused` with a `FusedGru` of the row's sizes and a head (fresh
-//!   weights), graphed and eager; `fused-gru-stepwise` with its plain-ops recurrence
-//!   forced (issue 28; neither in the default list);
+//!   weights), graphed and eager; `fused-gru-stepwise` and `fused-gru-persistent` with
+//!   either recurrence forced (issue 28; none in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -179,7 +179,11 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 ));
             }
         }
-        for (stack, preference) in [("fused-gru", Auto), ("fused-gru-stepwise", Stepwise)] {
+        for (stack, preference) in [
+            ("fused-gru", Auto),
+            ("fused-gru-stepwise", Stepwise),
+            ("fused-gru-persistent", Persistent),
+        ] {
             if wants(stack) {
                 rows.extend(recurrent::<Gru<CudaFused>>(
                     size, stack, preference, &work, &device,
