@@ -16,7 +16,8 @@ pub use lstm::{
     FusedLstm, FusedLstmConfig, FusedLstmLayer, LstmBackend, LstmConversionError, LstmKernels,
 };
 pub use strategy::{
-    Cell, PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape,
+    Cell, PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape, STEP_GEMM_VAR,
+    StepGemm,
     choose as choose_recurrence, persistent_launches, recurrence_preference,
     set_recurrence_preference,
 };
