@@ -18,7 +18,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
-use crate::runtime::blas::{Gemm, GemmRefusal, Workspace};
+use crate::runtime::blas::{Gemm, GemmRefusal};
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphRuntime, submit_to_server, with_server,
 };
@@ -40,18 +40,16 @@ pub(crate) enum Refusal {
     Runtime(CaptureError),
 }
 
-/// `lhs @ rhs` through cuBLAS with or without its `workspace`, or why not (then nothing
-/// was queued, and the caller runs its own matmul on the same operands). An operand that
-/// one GEMM cannot read as it lies (a broadcast, a view of a view) is copied packed first,
-/// as CubeCL's matmul would.
+/// `lhs @ rhs` through cuBLAS, or why not (then nothing was queued, and the caller runs
+/// its own matmul on the same operands). An operand that one GEMM cannot read as it lies
+/// (a broadcast, a view of a view) is copied packed first, as CubeCL's matmul would.
 pub(crate) fn matmul(
     lhs: &CubeTensor<CudaGraphRuntime>,
     rhs: &CubeTensor<CudaGraphRuntime>,
-    workspace: Workspace,
 ) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
-    match matmul_as_laid(lhs, rhs, workspace) {
+    match matmul_as_laid(lhs, rhs) {
         Err(Refusal::Plan(GemmRefusal::Layout(_) | GemmRefusal::Batch(_))) => {
-            matmul_as_laid(&packed(lhs), &packed(rhs), workspace)
+            matmul_as_laid(&packed(lhs), &packed(rhs))
         }
         other => other,
     }
@@ -69,7 +67,6 @@ fn packed(tensor: &CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime>
 fn matmul_as_laid(
     lhs: &CubeTensor<CudaGraphRuntime>,
     rhs: &CubeTensor<CudaGraphRuntime>,
-    workspace: Workspace,
 ) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
     if !crate::runtime::blas::enabled() {
         return Err(Refusal::Runtime(CaptureError::BlasUnavailable));
@@ -99,14 +96,13 @@ fn matmul_as_laid(
     );
     // The pools may pitch even a "contiguous" output's rows: plan against what it got.
     let gemm = if **out.meta.strides() == *packed {
-        Gemm { workspace, ..gemm }
+        gemm
     } else {
         Gemm::plan(
             (lhs_shape, lhs.meta.strides()),
             (rhs_shape, rhs.meta.strides()),
             out.meta.strides(),
         )
-        .map(|gemm| Gemm { workspace, ..gemm })
         .map_err(Refusal::Plan)?
     };
     let operands = [
@@ -146,20 +142,18 @@ fn blas_ready(device: &CudaGraphDevice) -> Result<(), Refusal> {
     }
 }
 
-/// `lhs @ rhs` through cuBLAS (with or without its `workspace`) when both are tensors of
-/// this crate's runtime and one GEMM serves them; otherwise `fallback` (the caller's own
-/// matmul) on the same operands.
+/// `lhs @ rhs` through cuBLAS when both are tensors of this crate's runtime and one GEMM
+/// serves them; otherwise `fallback` (the caller's own matmul) on the same operands.
 pub(crate) fn matmul_or<R: CubeRuntime>(
     lhs: CubeTensor<R>,
     rhs: CubeTensor<R>,
-    workspace: Workspace,
     fallback: impl FnOnce(CubeTensor<R>, CubeTensor<R>) -> CubeTensor<R>,
 ) -> CubeTensor<R> {
     let routed = (&lhs as &dyn Any)
         .downcast_ref::<CubeTensor<CudaGraphRuntime>>()
         .zip((&rhs as &dyn Any).downcast_ref::<CubeTensor<CudaGraphRuntime>>())
         .ok_or(Refusal::OtherRuntime)
-        .and_then(|(lhs, rhs)| matmul(lhs, rhs, workspace));
+        .and_then(|(lhs, rhs)| matmul(lhs, rhs));
     match routed {
         Ok(out) => *(Box::new(out) as Box<dyn Any>)
             .downcast::<CubeTensor<R>>()

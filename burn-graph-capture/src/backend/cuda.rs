@@ -131,12 +131,7 @@ impl GraphBackend for CudaCube {
         lhs: CubeTensor<CudaGraphRuntime>,
         rhs: CubeTensor<CudaGraphRuntime>,
     ) -> CubeTensor<CudaGraphRuntime> {
-        super::cublas::matmul_or(
-            lhs,
-            rhs,
-            crate::runtime::blas::Workspace::Shared,
-            <Self as FloatTensorOps<Self>>::float_matmul,
-        )
+        super::cublas::matmul_or(lhs, rhs, <Self as FloatTensorOps<Self>>::float_matmul)
     }
 
     fn routes_matmul(dtype: DType) -> bool {

@@ -248,63 +248,6 @@ fn auto_max_batch(cell: Cell) -> usize {
     }
 }
 
-/// How the stepwise LSTM runs one per-step GEMM (`h_{t-1} @ W_h` forward, `dz_t @ W_h^T`
-/// backward): its shared dimension cut into `splits` equal parts, all computed by one
-/// strided-batched GEMM and added up by the cell kernel that reads them, so no separate
-/// split-K reduction runs; and whether cuBLAS gets its workspace (without it cuBLAS cannot
-/// split K itself). `splits: 1` with the workspace is a plain GEMM, cuBLAS's own pick.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StepGemm {
-    /// Parts of the shared dimension; it divides that dimension.
-    pub splits: usize,
-    /// Whether cuBLAS may use its workspace (and so split K in a kernel of its own).
-    pub workspace: bool,
-}
-
-/// The environment variable that forces one [`StepGemm`] for every shape:
-/// `SPLITS` or `SPLITS/no-workspace` (read once; benchmarks compare them side by side).
-pub const STEP_GEMM_VAR: &str = "BURN_GRAPH_CAPTURE_STEP_GEMM";
-
-/// The [`StepGemm`] for a per-step GEMM over a shared dimension of `shared` elements:
-/// the environment's, where it is set and its splits divide `shared`, else a plain GEMM.
-pub fn step_gemm(shared: usize) -> StepGemm {
-    static FORCED: std::sync::OnceLock<Option<StepGemm>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| {
-        let value = std::env::var(STEP_GEMM_VAR).ok()?;
-        let parsed = parse_step_gemm(&value);
-        if parsed.is_none() {
-            tracing::warn!("{STEP_GEMM_VAR}={value:?} is not SPLITS or SPLITS/no-workspace");
-        }
-        parsed
-    });
-    fit_step_gemm(forced, shared)
-}
-
-/// `forced` where its splits divide `shared`, else a plain GEMM.
-fn fit_step_gemm(forced: Option<StepGemm>, shared: usize) -> StepGemm {
-    match forced {
-        Some(gemm) if shared % gemm.splits == 0 => gemm,
-        Some(gemm) => StepGemm {
-            splits: 1,
-            ..gemm
-        },
-        None => StepGemm {
-            splits: 1,
-            workspace: true,
-        },
-    }
-}
-
-fn parse_step_gemm(value: &str) -> Option<StepGemm> {
-    let (splits, workspace) = match value.trim().split_once('/') {
-        None => (value.trim(), true),
-        Some((splits, "no-workspace")) => (splits, false),
-        Some(_) => return None,
-    };
-    let splits: usize = splits.parse().ok().filter(|&n| n >= 1)?;
-    Some(StepGemm { splits, workspace })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,20 +405,5 @@ mod tests {
         for preference in [Auto, Stepwise, Persistent] {
             assert_eq!(decode(encode(preference)), preference);
         }
-    }
-
-    #[test]
-    fn step_gemms_parse_and_fit_their_shared_dimension() {
-        let split = |splits, workspace| StepGemm { splits, workspace };
-        assert_eq!(parse_step_gemm("4"), Some(split(4, true)));
-        assert_eq!(parse_step_gemm(" 2/no-workspace"), Some(split(2, false)));
-        assert_eq!(parse_step_gemm("1/no-workspace"), Some(split(1, false)));
-        for bad in ["0", "x", "4/other", ""] {
-            assert_eq!(parse_step_gemm(bad), None, "{bad}");
-        }
-        assert_eq!(fit_step_gemm(None, 256), split(1, true));
-        assert_eq!(fit_step_gemm(Some(split(4, false)), 256), split(4, false));
-        // 33 hidden units do not split in four: one part, the same workspace choice.
-        assert_eq!(fit_step_gemm(Some(split(4, false)), 33), split(1, false));
     }
 }

@@ -54,20 +54,6 @@ pub struct Gemm {
     pub b: Operand,
     /// The output `C` (never transposed).
     pub c: Operand,
-    /// Which cuBLAS handle runs it: with the workspace, or without one.
-    pub workspace: Workspace,
-}
-
-/// Whether cuBLAS may use its workspace for a GEMM. Without one it cannot split the shared
-/// dimension across blocks and add the parts in a second kernel (`splitKreduce_kernel`),
-/// which costs a launch: the recurrences' per-step GEMMs measure both (`nn::cube`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Workspace {
-    /// cuBLAS's fixed workspace: it picks among every kernel, split-K included.
-    #[default]
-    Shared,
-    /// None: one kernel per GEMM.
-    Without,
 }
 
 /// Why a matmul is not one strided-batched GEMM; CubeCL's matmul serves it instead.
@@ -208,7 +194,6 @@ impl Gemm {
                 transposed: false,
                 ..c
             },
-            workspace: Workspace::Shared,
         })
     }
 
@@ -241,12 +226,10 @@ fn op(transposed: bool) -> sys::cublasOperation_t {
     }
 }
 
-/// Two cuBLAS handles bound to the server's stream: one with its fixed workspace, one
-/// without (see [`Workspace`]).
+/// A cuBLAS handle bound to the server's stream, with its fixed workspace.
 #[derive(Debug)]
 pub struct Blas {
     handle: sys::cublasHandle_t,
-    without_workspace: sys::cublasHandle_t,
     workspace: CUdeviceptr,
 }
 
@@ -255,8 +238,8 @@ pub struct Blas {
 unsafe impl Send for Blas {}
 
 impl Blas {
-    /// Loads cuBLAS and makes both handles on `stream` with default (non-TF32) math and
-    /// host scalars. The caller's thread has the context bound, and no window is open.
+    /// Loads cuBLAS and makes a handle on `stream` with default (non-TF32) math and host
+    /// scalars. The caller's thread has the context bound, and no window is open.
     pub fn new(stream: &CudaStream) -> Result<Self, CaptureError> {
         // SAFETY: only probes whether the library can be loaded.
         if !unsafe { sys::is_culib_present() } {
@@ -264,35 +247,33 @@ impl Blas {
         }
         let handle =
             cublas::create_handle().map_err(|err| CaptureError::blas("cublasCreate", err))?;
-        let without_workspace = match cublas::create_handle() {
-            Ok(made) => made,
-            Err(err) => {
-                // SAFETY: made above, not used since.
-                let _ = unsafe { cublas::destroy_handle(handle) };
-                return Err(CaptureError::blas("cublasCreate", err));
-            }
-        };
         // SAFETY: a fresh allocation of the workspace's size, freed in `drop`.
         let workspace = match unsafe { result::malloc_sync(WORKSPACE_BYTES) } {
             Ok(ptr) => ptr,
             Err(err) => {
                 // SAFETY: made above, not used since.
                 let _ = unsafe { cublas::destroy_handle(handle) };
-                let _ = unsafe { cublas::destroy_handle(without_workspace) };
                 return Err(CaptureError::driver("cuMemAlloc (cuBLAS workspace)", err));
             }
         };
-        let blas = Self {
-            handle,
-            without_workspace,
-            workspace,
-        };
-        // SAFETY: live handles; the stream outlives the server that owns them; the
-        // workspace is a live device allocation of `WORKSPACE_BYTES`. The second handle
-        // gets zero bytes of it (not a null pointer, which could read as "cuBLAS's own").
+        let blas = Self { handle, workspace };
+        // SAFETY: a live handle; the stream outlives the server that owns both; the
+        // workspace is a live device allocation of `WORKSPACE_BYTES`.
         unsafe {
-            configure(handle, stream, workspace, WORKSPACE_BYTES)?;
-            configure(without_workspace, stream, workspace, 0)?;
+            cublas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t)
+                .map_err(|err| CaptureError::blas("cublasSetStream", err))?;
+            sys::cublasSetWorkspace_v2(handle, workspace as *mut _, WORKSPACE_BYTES)
+                .result()
+                .map_err(|err| CaptureError::blas("cublasSetWorkspace", err))?;
+            sys::cublasSetMathMode(handle, sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                .result()
+                .map_err(|err| CaptureError::blas("cublasSetMathMode", err))?;
+            sys::cublasSetPointerMode_v2(
+                handle,
+                sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST,
+            )
+            .result()
+            .map_err(|err| CaptureError::blas("cublasSetPointerMode", err))?;
         }
         Ok(blas)
     }
@@ -314,10 +295,7 @@ impl Blas {
         // SAFETY: the caller's contract; the scalars are host values read at the call.
         unsafe {
             cublas::sgemm_strided_batched(
-                match gemm.workspace {
-                    Workspace::Shared => self.handle,
-                    Workspace::Without => self.without_workspace,
-                },
+                self.handle,
                 op(gemm.b.transposed),
                 op(gemm.a.transposed),
                 gemm.n,
@@ -341,42 +319,13 @@ impl Blas {
     }
 }
 
-/// Binds `handle` to `stream` with `bytes` of workspace at `workspace`, default (non-TF32)
-/// math and host scalars.
-///
-/// # Safety
-/// `handle` is live; `workspace` is a live device allocation of at least `bytes`.
-unsafe fn configure(
-    handle: sys::cublasHandle_t,
-    stream: &CudaStream,
-    workspace: CUdeviceptr,
-    bytes: usize,
-) -> Result<(), CaptureError> {
-    // SAFETY: the caller's contract.
-    unsafe {
-        cublas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t)
-            .map_err(|err| CaptureError::blas("cublasSetStream", err))?;
-        sys::cublasSetWorkspace_v2(handle, workspace as *mut _, bytes)
-            .result()
-            .map_err(|err| CaptureError::blas("cublasSetWorkspace", err))?;
-        sys::cublasSetMathMode(handle, sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
-            .result()
-            .map_err(|err| CaptureError::blas("cublasSetMathMode", err))?;
-        sys::cublasSetPointerMode_v2(handle, sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)
-            .result()
-            .map_err(|err| CaptureError::blas("cublasSetPointerMode", err))
-    }
-}
-
 impl Drop for Blas {
     fn drop(&mut self) {
         // SAFETY: both were made in `new` and are not used after this; the stream's work
         // that reads the workspace has finished or is dropped with the context.
         unsafe {
-            for handle in [self.handle, self.without_workspace] {
-                if let Err(err) = cublas::destroy_handle(handle) {
-                    tracing::warn!("CudaGraphRuntime: cublasDestroy failed: {err}");
-                }
+            if let Err(err) = cublas::destroy_handle(self.handle) {
+                tracing::warn!("CudaGraphRuntime: cublasDestroy failed: {err}");
             }
             if let Err(err) = result::free_sync(self.workspace) {
                 tracing::warn!("CudaGraphRuntime: freeing the cuBLAS workspace failed: {err:?}");

@@ -20,7 +20,6 @@ use burn_cubecl::tensor::CubeTensor;
 use crate::nn::sequence::primitive;
 use crate::nn::strategy::{self, Cell, Recurrence, RecurrenceShape};
 use crate::runtime::CudaGraphRuntime;
-use crate::runtime::blas::Workspace;
 
 /// An uninitialised contiguous tensor like `like`'s, of `shape`.
 pub(crate) fn empty<R: CubeRuntime>(
@@ -42,21 +41,7 @@ where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
     R: CubeRuntime,
 {
-    batched_gemm(a, b, Workspace::Shared)
-}
-
-/// [`gemm`] batched over the leading dimensions, with or without cuBLAS's `workspace`
-/// (`strategy::StepGemm`).
-pub(crate) fn batched_gemm<B, R, const D: usize>(
-    a: Tensor<B, D>,
-    b: Tensor<B, D>,
-    workspace: Workspace,
-) -> CubeTensor<R>
-where
-    B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
-    R: CubeRuntime,
-{
-    crate::backend::cublas::matmul_or(primitive(a), primitive(b), workspace, B::float_matmul)
+    crate::backend::cublas::matmul_or(primitive(a), primitive(b), B::float_matmul)
 }
 
 /// Whether the fused kernels serve `dtype`; other dtypes run the plain recurrence.

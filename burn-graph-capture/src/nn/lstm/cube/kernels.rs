@@ -18,19 +18,7 @@ fn state_at<F: Float>(states: &Tensor<F>, kind: usize, step: usize, b: usize, j:
     kind * states.stride(0) + step * states.stride(1) + b * states.stride(2) + j * states.stride(3)
 }
 
-/// The sum of a per-step GEMM's parts `[parts, ..]` at `at` (the offset within a part),
-/// added in order (`strategy::StepGemm`); one part is read as it is.
-#[cube]
-fn parts_sum<F: Float>(parts: &Tensor<F>, at: usize) -> F {
-    let mut total = parts[at];
-    for part in 1..parts.shape(0) {
-        total += parts[part * parts.stride(0) + at];
-    }
-    total
-}
-
-/// Step `t` of the forward: with `z = h_{t-1} @ W_h` `[batch, 4H]` in parts
-/// `[parts, batch, 4H]` (summed here), the gates from
+/// Step `t` of the forward: with `z = h_{t-1} @ W_h` `[batch, 4H]`, the gates from
 /// `z + xp[:, t]`, then `c_t` and `h_t` into `states[.., t + 1]` and the activated gates
 /// into `gates[t]`. The first step reads the initial state from `h0`/`c0` and also
 /// writes it into `states[.., 0]`.
@@ -46,7 +34,7 @@ pub(super) fn cell_forward<F: Float>(
     #[comptime] first: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let batch = z.shape(1);
+    let batch = z.shape(0);
     let hidden = states.shape(3);
     if ABSOLUTE_POS >= batch * hidden {
         terminate!();
@@ -54,14 +42,14 @@ pub(super) fn cell_forward<F: Float>(
     let b = ABSOLUTE_POS / hidden;
     let j = ABSOLUTE_POS % hidden;
     let t = t as usize;
-    let z_row = b * z.stride(1);
+    let z_row = b * z.stride(0);
     let x_row = b * xp.stride(0) + t * xp.stride(1);
-    let zs = z.stride(2);
+    let zs = z.stride(1);
     let xs = xp.stride(2);
-    let i = sigmoid::<F>(xp[x_row + j * xs] + parts_sum::<F>(z, z_row + j * zs));
-    let f = sigmoid::<F>(xp[x_row + (hidden + j) * xs] + parts_sum::<F>(z, z_row + (hidden + j) * zs));
-    let g = F::tanh(xp[x_row + (2 * hidden + j) * xs] + parts_sum::<F>(z, z_row + (2 * hidden + j) * zs));
-    let o = sigmoid::<F>(xp[x_row + (3 * hidden + j) * xs] + parts_sum::<F>(z, z_row + (3 * hidden + j) * zs));
+    let i = sigmoid::<F>(xp[x_row + j * xs] + z[z_row + j * zs]);
+    let f = sigmoid::<F>(xp[x_row + (hidden + j) * xs] + z[z_row + (hidden + j) * zs]);
+    let g = F::tanh(xp[x_row + (2 * hidden + j) * xs] + z[z_row + (2 * hidden + j) * zs]);
+    let o = sigmoid::<F>(xp[x_row + (3 * hidden + j) * xs] + z[z_row + (3 * hidden + j) * zs]);
     let c_prev = if first {
         let c_init = c0[b * c0.stride(0) + j * c0.stride(1)];
         states[state_at::<F>(states, 0, 0, b, j)] = h0[b * h0.stride(0) + j * h0.stride(1)];
@@ -84,8 +72,7 @@ pub(super) fn cell_forward<F: Float>(
 
 /// Step `t` of the backward: the pre-activation gate gradients `dz[t]` `[batch, 4H]`
 /// from the states' gradient at `t + 1`, the hidden gradient that step `t + 1` sends
-/// back (`dh_rec = dz[t + 1] @ W_h^T`, in parts `[parts, batch, H]` summed here) and the
-/// carried cell gradient `dc`, which is
+/// back (`dh_rec = dz[t + 1] @ W_h^T`) and the carried cell gradient `dc`, which is
 /// overwritten with the one step `t - 1` receives. The last step (`last`) has neither
 /// `dh_rec` nor `dc` to read.
 #[cube(launch)]
@@ -120,7 +107,7 @@ pub(super) fn cell_backward<F: Float>(
     let mut dc_in = d_states[state_at::<F>(d_states, 1, t + 1, b, j)];
     if last {
     } else {
-        dh += parts_sum::<F>(dh_rec, b * dh_rec.stride(1) + j * dh_rec.stride(2));
+        dh += dh_rec[b * dh_rec.stride(0) + j * dh_rec.stride(1)];
         dc_in += dc[dc_at];
     }
     let tanh_c = F::tanh(states[state_at::<F>(states, 1, t + 1, b, j)]);

@@ -3,7 +3,6 @@
 //! and dtype the fused kernels take (`strategy.rs` picks it where the persistent one does
 //! not apply).
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn_backend::TensorMetadata;
@@ -12,10 +11,8 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::{cells, kernels, state_rows};
-use crate::nn::cube::{batched_gemm, empty};
+use crate::nn::cube::{empty, gemm};
 use crate::nn::lstm::backend::{primitive, tensor};
-use crate::nn::strategy::{StepGemm, step_gemm};
-use crate::runtime::blas::Workspace;
 
 /// Whether a step's hidden gradient is computed as `(W_h @ dz_t^T)^T`. At batch 8,
 /// cuBLAS's heuristics give `dz_t @ W_h^T` an unsplit 32x128-tile kernel (54 µs a step at
@@ -24,24 +21,6 @@ use crate::runtime::blas::Workspace;
 /// (`bench/results/lstm-2026-12-01.md`, session 13). Batches between were not measured.
 fn hidden_gradient_transposed(batch: usize) -> bool {
     batch <= 16
-}
-
-/// How a per-step GEMM over `shared` elements runs: its parts, and cuBLAS's workspace.
-fn step_plan(shared: usize) -> (usize, Workspace) {
-    let StepGemm { splits, workspace } = step_gemm(shared);
-    let workspace = match workspace {
-        true => Workspace::Shared,
-        false => Workspace::Without,
-    };
-    (splits, workspace)
-}
-
-/// A `[rows, shared]` operand as `[parts, rows, shared / parts]`: a view, no copy.
-fn in_parts<B: Backend>(operand: Tensor<B, 2>, parts: usize) -> Tensor<B, 3> {
-    let [rows, shared] = operand.dims();
-    operand
-        .reshape([rows, parts, shared / parts])
-        .swap_dims(0, 1)
 }
 
 /// States `[2, T + 1, B, H]` and activated gates `[T, B, 4H]`.
@@ -60,9 +39,7 @@ where
     let states = empty(&xp, [2, time + 1, batch, hidden]);
     let gates = empty(&xp, [time, batch, four_h]);
     let state_rows = state_rows::<B>(states.clone());
-    // `W_h` `[H, 4H]` as `[parts, H / parts, 4H]`, packed once per sequence if it is not.
-    let (parts, workspace) = step_plan(hidden);
-    let wh = tensor::<B, 2>(wh).reshape([parts, hidden / parts, four_h]);
+    let wh = tensor::<B, 2>(wh);
     let (count, dim) = cells(batch, hidden);
     for t in 0..time {
         let h_prev = match t {
@@ -71,8 +48,7 @@ where
                 .clone()
                 .slice([t * batch..(t + 1) * batch, 0..hidden]),
         };
-        // `[parts, B, 4H]`, summed by the cell kernel.
-        let z = batched_gemm::<B, R, 3>(in_parts(h_prev, parts), wh.clone(), workspace);
+        let z = gemm::<B, R>(h_prev, wh.clone());
         kernels::cell_forward::launch::<R>(
             &xp.client,
             count.clone(),
@@ -110,18 +86,10 @@ where
     let dc = empty(&states, [batch, hidden]);
     let all_dz = tensor::<B, 3>(dz.clone());
     let wh = tensor::<B, 2>(wh);
-    // Each step's hidden gradient `dz_t @ W_h^T` in parts `[parts, B, H]` (summed by
-    // the cell kernel), with `W_h^T` packed once per sequence; at small batches as
-    // `(W_h @ dz_t^T)^T` instead (the same values).
-    let (parts, workspace) = step_plan(four_h);
-    let width = four_h / parts;
-    let (wh_t, wh) = if hidden_gradient_transposed(batch) {
-        // `[parts, H, 4H / parts]`: a view.
-        (None, Some(in_parts(wh, parts)))
-    } else {
-        let packed = tensor::<B, 2>(into_contiguous(primitive(wh.transpose())));
-        (Some(packed.reshape([parts, width, hidden])), None)
-    };
+    // Each step's hidden gradient `dz_t @ W_h^T`, with `W_h^T` packed once per
+    // sequence; at small batches as `(W_h @ dz_t^T)^T` instead (the same values).
+    let wh_t = (!hidden_gradient_transposed(batch))
+        .then(|| tensor::<B, 2>(into_contiguous(primitive(wh.clone().transpose()))));
     let (count, dim) = cells(batch, hidden);
     let mut dh_rec: Option<CubeTensor<R>> = None;
     for t in (0..time).rev() {
@@ -142,25 +110,16 @@ where
             last,
             states.dtype.into(),
         );
-        let dz_t = in_parts(
-            all_dz
-                .clone()
-                .slice([t..t + 1, 0..batch, 0..four_h])
-                .reshape([batch, four_h]),
-            parts,
-        );
-        dh_rec = Some(match (&wh_t, &wh) {
-            (Some(wh_t), _) => batched_gemm::<B, R, 3>(dz_t, wh_t.clone(), workspace),
+        let dz_t = all_dz
+            .clone()
+            .slice([t..t + 1, 0..batch, 0..four_h])
+            .reshape([batch, four_h]);
+        dh_rec = Some(match &wh_t {
+            Some(wh_t) => gemm::<B, R>(dz_t, wh_t.clone()),
             // `(W_h @ dz_t^T)^T`: the same values, another GEMM shape for cuBLAS.
-            (None, Some(wh)) => primitive(
-                tensor::<B, 3>(batched_gemm::<B, R, 3>(
-                    wh.clone(),
-                    dz_t.swap_dims(1, 2),
-                    workspace,
-                ))
-                .swap_dims(1, 2),
-            ),
-            (None, None) => unreachable!("one form of W_h is kept"),
+            None => {
+                primitive(tensor::<B, 2>(gemm::<B, R>(wh.clone(), dz_t.transpose())).transpose())
+            }
         });
     }
     // `d_states` may be any view, so its initial-state gradients are added as
@@ -175,13 +134,7 @@ where
                 .reshape([batch, hidden]),
         )
     };
-    // The parts of the first step's hidden gradient, added in order.
-    let dh_first = tensor::<B, 3>(dh_rec.expect("time > 0"));
-    let dh_first = match parts {
-        1 => dh_first.reshape([batch, hidden]),
-        _ => dh_first.sum_dim(0).reshape([batch, hidden]),
-    };
-    let d_h0 = with_initial(primitive(dh_first), 0);
+    let d_h0 = with_initial(dh_rec.expect("time > 0"), 0);
     let d_c0 = with_initial(dc, 1);
     (dz, d_h0, d_c0)
 }
