@@ -112,17 +112,20 @@ impl<B: LstmBackend> FusedLstm<B> {
                     Tensor::zeros([batch, hidden], &device),
                 ),
             };
-            let states = layer.forward(x, time_major, h0, c0);
+            // The packed states `[2, time + 1, batch, H]` as rows `[2 (time + 1) batch, H]`:
+            // each block read below is then a packed row slice, which reshapes without the
+            // copy that burn's reshape makes of a 4-d slice.
+            let rows = layer
+                .forward(x, time_major, h0, c0)
+                .reshape([2 * (time + 1) * batch, hidden]);
             let last = |kind: usize| {
-                states
-                    .clone()
-                    .slice([kind..kind + 1, time..time + 1, 0..batch, 0..hidden])
-                    .reshape([batch, hidden])
+                let start = (kind * (time + 1) + time) * batch;
+                rows.clone().slice([start..start + batch, 0..hidden])
             };
             hiddens.push(last(0));
             cells.push(last(1));
-            x = states
-                .slice([0..1, 1..time + 1, 0..batch, 0..hidden])
+            x = rows
+                .slice([batch..(time + 1) * batch, 0..hidden])
                 .reshape([time, batch, hidden]);
             time_major = true;
         }
@@ -155,19 +158,28 @@ impl<B: LstmBackend> FusedLstmLayer<B> {
         h0: Tensor<B, 2>,
         c0: Tensor<B, 2>,
     ) -> Tensor<B, 4> {
-        let [d0, d1, d_input] = x.dims();
+        // The projection is computed time-major, `[time, batch, 4H]`: the recurrence's
+        // input gradient (its gate gradients, time-major) then reaches the input
+        // weight's GEMM packed, where a batch-major projection had it copied whole.
+        let x = if time_major { x } else { x.swap_dims(0, 1) };
+        let [time, batch, d_input] = x.dims();
         let [_, four_h] = self.input_weight.dims();
         let mut xp = x
-            .reshape([d0 * d1, d_input])
+            .reshape([time * batch, d_input])
             .matmul(self.input_weight.val())
-            .reshape([d0, d1, four_h]);
-        for bias in [&self.input_bias, &self.hidden_bias].into_iter().flatten() {
-            xp = xp + bias.val().reshape([1, 1, four_h]);
+            .reshape([time, batch, four_h]);
+        // Both biases add to every step's gates: added together first, their gradient is
+        // one sum over time and batch.
+        let bias = match (&self.input_bias, &self.hidden_bias) {
+            (Some(input), Some(hidden)) => Some(input.val() + hidden.val()),
+            (Some(one), None) | (None, Some(one)) => Some(one.val()),
+            (None, None) => None,
+        };
+        if let Some(bias) = bias {
+            xp = xp + bias.reshape([1, 1, four_h]);
         }
         // The recurrence takes `[batch, time, 4H]`, whatever its strides.
-        if time_major {
-            xp = xp.swap_dims(0, 1);
-        }
+        let xp = xp.swap_dims(0, 1);
         let states = B::lstm_recurrence(
             xp.into_primitive().tensor(),
             self.hidden_weight.val().into_primitive().tensor(),
