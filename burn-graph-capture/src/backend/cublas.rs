@@ -18,6 +18,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
+use super::gemm_route::{self, Form};
 use crate::runtime::blas::{Gemm, GemmRefusal};
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphRuntime, submit_to_server, with_server,
@@ -40,19 +41,135 @@ pub(crate) enum Refusal {
     Runtime(CaptureError),
 }
 
-/// `lhs @ rhs` through cuBLAS, or why not (then nothing was queued, and the caller runs
-/// its own matmul on the same operands). An operand that one GEMM cannot read as it lies
-/// (a broadcast, a view of a view) is copied packed first, as CubeCL's matmul would.
+/// `lhs @ rhs` through cuBLAS, in the form measured fastest for its shape
+/// (`gemm_route`), or why not (then nothing was queued, and the caller runs its own
+/// matmul on the same operands). An operand that one GEMM cannot read as it lies (a
+/// broadcast, a view of a view) is copied packed first, as CubeCL's matmul would.
 pub(crate) fn matmul(
     lhs: &CubeTensor<CudaGraphRuntime>,
     rhs: &CubeTensor<CudaGraphRuntime>,
 ) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
-    match matmul_as_laid(lhs, rhs) {
+    match routed(lhs, rhs) {
         Err(Refusal::Plan(GemmRefusal::Layout(_) | GemmRefusal::Batch(_))) => {
-            matmul_as_laid(&packed(lhs), &packed(rhs))
+            routed(&packed(lhs), &packed(rhs))
         }
         other => other,
     }
+}
+
+/// Repetitions of each form when a shape is measured (after one untimed call each).
+const REPETITIONS: usize = 10;
+
+/// `lhs @ rhs` in its shape's form: the one measured before, else measured now (outside
+/// a window), else as laid.
+fn routed(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
+    if !gemm_route::enabled() {
+        return matmul_as_laid(lhs, rhs);
+    }
+    let key = plan(lhs, rhs, None)?;
+    let device = lhs.device.index;
+    let form = match gemm_route::known(device, &key) {
+        Some(form) => form,
+        None => match measure(lhs, rhs)? {
+            Some(form) => gemm_route::record(device, key, form),
+            None => Form::AsLaid,
+        },
+    };
+    run(form, lhs, rhs)
+}
+
+/// `lhs @ rhs` in `form`.
+fn run(
+    form: Form,
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<CubeTensor<CudaGraphRuntime>, Refusal> {
+    match form {
+        Form::AsLaid => matmul_as_laid(lhs, rhs),
+        // `(Bᵀ Aᵀ)ᵀ`: views in, a view out.
+        Form::Transposed => {
+            matmul_as_laid(&transposed(rhs), &transposed(lhs)).map(|out| transposed(&out))
+        }
+    }
+}
+
+/// The view of `tensor` with its last two dimensions swapped.
+fn transposed(tensor: &CubeTensor<CudaGraphRuntime>) -> CubeTensor<CudaGraphRuntime> {
+    let mut view = tensor.clone();
+    let rank = view.meta.shape().len();
+    view.meta.swap(rank - 2, rank - 1);
+    view
+}
+
+/// Times both forms of `lhs @ rhs` on the stream (CUDA events) and picks one
+/// (`gemm_route::choose`); `None` inside a window, where no host may wait. A transposed
+/// form cuBLAS cannot run loses.
+fn measure(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<Option<Form>, Refusal> {
+    let event = || {
+        with_server(&lhs.device, |server| server.timing_event())
+            .and_then(|event| event)
+            .map_err(Refusal::Runtime)
+    };
+    // Nothing may run before this answer: inside a window it would be recorded.
+    if event()?.is_none() {
+        return Ok(None);
+    }
+    let mut times = [0.0f64; 2];
+    for (form, time) in [Form::AsLaid, Form::Transposed].into_iter().zip(&mut times) {
+        // The first call outside the timing: cuBLAS's heuristics, the pools' growth.
+        if let Err(refusal) = run(form, lhs, rhs) {
+            return match form {
+                Form::AsLaid => Err(refusal),
+                Form::Transposed => Ok(Some(Form::AsLaid)),
+            };
+        }
+        let Some(start) = event()? else {
+            return Ok(None);
+        };
+        for _ in 0..REPETITIONS {
+            run(form, lhs, rhs)?;
+        }
+        let Some(end) = event()? else {
+            return Ok(None);
+        };
+        let elapsed = start
+            .elapsed_ms(&end)
+            .map_err(|err| Refusal::Runtime(CaptureError::driver("cuEventElapsedTime", err)))?;
+        *time = f64::from(elapsed);
+    }
+    let form = gemm_route::choose(times[0], times[1]);
+    tracing::debug!(
+        target: "burn_graph_capture::matmul",
+        shape = ?(lhs.meta.shape(), rhs.meta.shape()),
+        as_laid_ms = times[0],
+        transposed_ms = times[1],
+        ?form,
+        "GEMM form measured"
+    );
+    Ok(Some(form))
+}
+
+/// The GEMM of `lhs @ rhs` into an output with `out_strides`, or packed ones.
+fn plan(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+    out_strides: Option<&[usize]>,
+) -> Result<Gemm, Refusal> {
+    let (lhs_shape, rhs_shape) = (lhs.meta.shape(), rhs.meta.shape());
+    let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
+    let packed = row_major_contiguous_strides(&shape);
+    Gemm::plan(
+        (lhs_shape, lhs.meta.strides()),
+        (rhs_shape, rhs.meta.strides()),
+        out_strides.unwrap_or(&packed),
+    )
+    .map_err(Refusal::Plan)
 }
 
 /// `tensor`, or a packed copy of it where it is not packed.
@@ -77,17 +194,11 @@ fn matmul_as_laid(
         }
     }
     blas_ready(&lhs.device)?;
-    let (lhs_shape, rhs_shape) = (lhs.meta.shape(), rhs.meta.shape());
-    let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
     // Planned against packed output strides before the output exists, so a refusal
     // allocates nothing.
+    let gemm = plan(lhs, rhs, None)?;
+    let shape = Gemm::output_shape(lhs.meta.shape(), rhs.meta.shape()).map_err(Refusal::Plan)?;
     let packed = row_major_contiguous_strides(&shape);
-    let gemm = Gemm::plan(
-        (lhs_shape, lhs.meta.strides()),
-        (rhs_shape, rhs.meta.strides()),
-        &packed,
-    )
-    .map_err(Refusal::Plan)?;
     let out = empty_device_contiguous_dtype(
         lhs.client.clone(),
         lhs.device,
@@ -98,12 +209,7 @@ fn matmul_as_laid(
     let gemm = if **out.meta.strides() == *packed {
         gemm
     } else {
-        Gemm::plan(
-            (lhs_shape, lhs.meta.strides()),
-            (rhs_shape, rhs.meta.strides()),
-            out.meta.strides(),
-        )
-        .map_err(Refusal::Plan)?
+        plan(lhs, rhs, Some(out.meta.strides()))?
     };
     let operands = [
         lhs.handle.clone().binding(),

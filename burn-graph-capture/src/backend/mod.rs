@@ -19,6 +19,8 @@ mod forward;
 mod fused_matmul;
 #[cfg(feature = "cuda")]
 mod fusion;
+#[cfg(feature = "cuda")]
+mod gemm_route;
 mod graph_backend;
 mod holder;
 mod identity;

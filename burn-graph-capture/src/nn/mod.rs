@@ -16,7 +16,7 @@ pub use lstm::{
     FusedLstm, FusedLstmConfig, FusedLstmLayer, LstmBackend, LstmConversionError, LstmKernels,
 };
 pub use strategy::{
-    Cell, PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape,
+    Cell, Direction, PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape,
     choose as choose_recurrence, persistent_launches, recurrence_preference,
     set_recurrence_preference,
 };

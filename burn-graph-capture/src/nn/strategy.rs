@@ -142,6 +142,16 @@ impl Cell {
     }
 }
 
+/// Which way through the sequence a recurrence runs: each direction is chosen on its own
+/// (either backward reads either forward's output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// The forward pass.
+    Forward,
+    /// The backward pass.
+    Backward,
+}
+
 /// One layer's recurrence problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecurrenceShape {
@@ -179,8 +189,8 @@ pub enum Recurrence {
     Persistent(PersistentGrid),
 }
 
-/// The recurrence for a `cell` layer of `shape` of fp32 (`fp32`) on a device of `sms`
-/// SMs, under `preference`.
+/// The recurrence for `direction` of a `cell` layer of `shape` of fp32 (`fp32`) on a
+/// device of `sms` SMs, under `preference`.
 ///
 /// Persistent where a block of [`MIN_UNITS`]..=[`MAX_UNITS`] units per SM covers the hidden
 /// size and its slice of `W_h` (`4 · gates · units · hidden` bytes) fits in 48 KiB; `Auto`
@@ -189,6 +199,7 @@ pub enum Recurrence {
 /// ([`BLOCK_SUMS`]) allow.
 pub fn choose(
     cell: Cell,
+    direction: Direction,
     shape: RecurrenceShape,
     fp32: bool,
     sms: usize,
@@ -208,7 +219,7 @@ pub fn choose(
     {
         return Recurrence::Stepwise;
     }
-    if preference == RecurrencePreference::Auto && batch > auto_max_batch(cell) {
+    if preference == RecurrencePreference::Auto && batch > auto_max_batch(cell, direction) {
         return Recurrence::Stepwise;
     }
     let units = hidden.div_ceil(sms).max(MIN_UNITS);
@@ -235,16 +246,19 @@ fn slice_bytes(cell: Cell, units: usize, hidden: usize) -> usize {
     4 * cell.gates() * units * hidden
 }
 
-/// Batches above this stay stepwise under `Auto`. On the H200 (session 18, graphed Adam
-/// step, `bench/results/rnn-2026-12-04.md`) the persistent LSTM took 1.42 ms against 2.11
-/// stepwise at 64/64/256 and 1.71 against 1.80 at 96/32/512, but 2.05 against 1.93 at
-/// 128/32/512, where each block's four units of 128 rows make it compute-bound. The GRU's
-/// stepwise recurrence is plain ops (a few kernels per step beside the GEMM): persistent
-/// took 1.67 ms against 5.30 at 128/32/512, so the GRU has no limit.
-fn auto_max_batch(cell: Cell) -> usize {
-    match cell {
-        Cell::Lstm => 96,
-        Cell::Gru => usize::MAX,
+/// Batches above this stay stepwise under `Auto`. On the H200 (graphed Adam step,
+/// `bench/results/rnn-2026-12-04.md`) the persistent LSTM took 1.40 ms against 2.14
+/// stepwise at 64/64/256 and 1.73 against 1.85 at 96/32/512; at 128/32/512 its forward
+/// kernel took 0.78 ms against 0.73 for the stepwise forward's kernels (each block's four
+/// units of 128 rows make it compute-bound), its backward 0.60 against 0.65, so there
+/// the forward runs stepwise and the backward persistent. Larger batches were not
+/// measured. The GRU's stepwise recurrence is plain ops (a few kernels per step beside the
+/// GEMM): persistent took 1.67 ms against 5.29 at 128/32/512, so the GRU has no limit.
+fn auto_max_batch(cell: Cell, direction: Direction) -> usize {
+    match (cell, direction) {
+        (Cell::Lstm, Direction::Forward) => 96,
+        (Cell::Lstm, Direction::Backward) => 128,
+        (Cell::Gru, _) => usize::MAX,
     }
 }
 
@@ -252,6 +266,7 @@ fn auto_max_batch(cell: Cell) -> usize {
 mod tests {
     use super::*;
     use Cell::{Gru, Lstm};
+    use Direction::{Backward, Forward};
     use RecurrencePreference::{Auto, Persistent, Stepwise};
 
     fn shape(batch: usize, time: usize, hidden: usize) -> RecurrenceShape {
@@ -273,7 +288,7 @@ mod tests {
     fn the_benchmark_sizes_choose_as_measured_on_an_h200() {
         let sms = 132;
         assert_eq!(
-            grid(choose(Lstm, shape(8, 64, 128), true, sms, Auto)),
+            grid(choose(Lstm, Forward, shape(8, 64, 128), true, sms, Auto)),
             PersistentGrid {
                 units: 4,
                 blocks: 32,
@@ -282,22 +297,33 @@ mod tests {
             }
         );
         assert_eq!(
-            grid(choose(Lstm, shape(32, 64, 256), true, sms, Auto)).blocks,
+            grid(choose(Lstm, Forward, shape(32, 64, 256), true, sms, Auto)).blocks,
             64
         );
-        // Faster persistent up to batch 96, slower at 128 (measured): stepwise unless
-        // forced. Two rows a warp, as the block's registers allow.
-        let medium = grid(choose(Lstm, shape(96, 32, 512), true, sms, Auto));
+        // Faster persistent up to batch 96, slower forward at 128 (measured): stepwise
+        // unless forced; the backward stays persistent there, and not beyond. Two rows a
+        // warp, as the block's registers allow.
+        let medium = grid(choose(Lstm, Forward, shape(96, 32, 512), true, sms, Auto));
         assert_eq!((medium.warps, medium.rows), (32, 2));
         let large = shape(128, 32, 512);
-        assert_eq!(choose(Lstm, large, true, sms, Auto), Recurrence::Stepwise);
-        let forced = grid(choose(Lstm, large, true, sms, Persistent));
+        assert_eq!(
+            choose(Lstm, Forward, large, true, sms, Auto),
+            Recurrence::Stepwise
+        );
+        let backward = grid(choose(Lstm, Backward, large, true, sms, Auto));
+        assert_eq!((backward.warps, backward.rows), (32, 2));
+        let larger = shape(160, 32, 512);
+        assert_eq!(
+            choose(Lstm, Backward, larger, true, sms, Auto),
+            Recurrence::Stepwise
+        );
+        let forced = grid(choose(Lstm, Forward, large, true, sms, Persistent));
         assert_eq!(
             (forced.units, forced.blocks, forced.warps, forced.rows),
             (4, 128, 32, 2)
         );
         // The GRU's stepwise recurrence is plain ops: persistent at batch 128 too.
-        let gru = grid(choose(Gru, large, true, sms, Auto));
+        let gru = grid(choose(Gru, Forward, large, true, sms, Auto));
         assert_eq!((gru.warps, gru.rows), (32, 2));
     }
 
@@ -306,7 +332,7 @@ mod tests {
         for cell in [Lstm, Gru] {
             for sms in [1, 7, 80, 132] {
                 for hidden in 1..700 {
-                    let choice = choose(cell, shape(4, 3, hidden), true, sms, Auto);
+                    let choice = choose(cell, Forward, shape(4, 3, hidden), true, sms, Auto);
                     if let Recurrence::Persistent(g) = choice {
                         assert!(g.blocks <= sms, "{hidden} units on {sms} SMs: {g:?}");
                         assert!(g.blocks * g.units >= hidden);
@@ -324,31 +350,34 @@ mod tests {
     fn a_gru_fits_larger_hidden_sizes_than_an_lstm() {
         // Five units of 640 rows: 51 200 bytes of LSTM gates, 38 400 of GRU gates.
         let wide = shape(8, 16, 640);
-        assert_eq!(choose(Lstm, wide, true, 132, Auto), Recurrence::Stepwise);
-        assert_eq!(grid(choose(Gru, wide, true, 132, Auto)).units, 5);
+        assert_eq!(
+            choose(Lstm, Forward, wide, true, 132, Auto),
+            Recurrence::Stepwise
+        );
+        assert_eq!(grid(choose(Gru, Forward, wide, true, 132, Auto)).units, 5);
     }
 
     #[test]
     fn what_does_not_fit_runs_stepwise() {
         // W_h slices beyond 48 KiB per block.
         assert_eq!(
-            choose(Lstm, shape(8, 64, 1024), true, 132, Persistent),
+            choose(Lstm, Forward, shape(8, 64, 1024), true, 132, Persistent),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(Lstm, shape(8, 64, 128), false, 132, Auto),
+            choose(Lstm, Forward, shape(8, 64, 128), false, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(Lstm, shape(8, 0, 128), true, 132, Auto),
+            choose(Lstm, Forward, shape(8, 0, 128), true, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(Lstm, shape(0, 4, 128), true, 132, Auto),
+            choose(Lstm, Forward, shape(0, 4, 128), true, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            choose(Lstm, shape(8, 4, 128), true, 0, Auto),
+            choose(Lstm, Forward, shape(8, 4, 128), true, 0, Auto),
             Recurrence::Stepwise
         );
     }
@@ -356,7 +385,14 @@ mod tests {
     #[test]
     fn warps_take_more_rows_at_larger_batches_within_their_registers() {
         let at = |cell, batch, hidden| {
-            grid(choose(cell, shape(batch, 4, hidden), true, 132, Persistent))
+            grid(choose(
+                cell,
+                Forward,
+                shape(batch, 4, hidden),
+                true,
+                132,
+                Persistent,
+            ))
         };
         let g = at(Lstm, 40, 100);
         assert_eq!((g.rows, g.warps), (2, 20));
@@ -365,7 +401,14 @@ mod tests {
         assert_eq!((g.rows, g.warps), (2, 32));
         // Eight units of four gates (50 units on 7 SMs): 32 sums a row, one row in 32
         // warps.
-        let g = grid(choose(Lstm, shape(512, 4, 50), true, 7, Persistent));
+        let g = grid(choose(
+            Lstm,
+            Forward,
+            shape(512, 4, 50),
+            true,
+            7,
+            Persistent,
+        ));
         assert_eq!((g.units, g.rows, g.warps), (8, 1, 32));
         for batch in 1..300 {
             let g = at(Lstm, batch, 256);
@@ -383,15 +426,15 @@ mod tests {
     fn preferences_decide_between_both_where_both_fit() {
         let big_batch = shape(512, 8, 64);
         assert_eq!(
-            choose(Lstm, big_batch, true, 132, Auto),
+            choose(Lstm, Forward, big_batch, true, 132, Auto),
             Recurrence::Stepwise
         );
         assert_eq!(
-            grid(choose(Lstm, big_batch, true, 132, Persistent)).warps,
+            grid(choose(Lstm, Forward, big_batch, true, 132, Persistent)).warps,
             32
         );
         assert_eq!(
-            choose(Lstm, shape(8, 64, 128), true, 132, Stepwise),
+            choose(Lstm, Forward, shape(8, 64, 128), true, 132, Stepwise),
             Recurrence::Stepwise
         );
     }

@@ -26,7 +26,7 @@ pub fn enabled() -> bool {
 }
 
 /// How cuBLAS reads one operand, column-major.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Operand {
     /// Whether cuBLAS transposes the stored matrix.
     pub transposed: bool,
@@ -38,7 +38,7 @@ pub struct Operand {
 
 /// One strided-batched GEMM: `C = A @ B` for row-major `A: [m, k]`, `B: [k, n]` and
 /// `C: [m, n]`, computed as column-major `Cᵀ = Bᵀ Aᵀ`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Gemm {
     /// Rows of `A` and `C`.
     pub m: i32,

@@ -46,3 +46,38 @@ __device__ __forceinline__ void rnn_warp_sum(float (&values)[N]) {
         }
     }
 }
+
+// Adds each of N values (N a power of two, at most 32) over the warp, transposed: lane L
+// ends with the total of value L >> (5 - log2 N) (2^(5 - log2 N) lanes hold each one). At
+// each of the first log2 N rounds a lane keeps half of its values and trades the other
+// half with its partner, so the sums take N - 1 + 5 - log2 N shuffles where
+// `rnn_warp_sum` takes 5 N. Returns the lane's total.
+template <int N>
+__device__ __forceinline__ float rnn_warp_transpose_sum(float (&values)[N], int lane) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two up to 32");
+#pragma unroll
+    for (int round = 0; round < 5; ++round) {
+        const int offset = 16 >> round;
+        const int half = (N >> round) / 2;
+        if (half >= 1) {
+            const bool upper = (lane & offset) != 0;
+#pragma unroll
+            for (int i = 0; i < half; ++i) {
+                const float send = upper ? values[i] : values[i + half];
+                const float keep = upper ? values[i + half] : values[i];
+                values[i] = keep + __shfl_xor_sync(FULL_WARP, send, offset);
+            }
+        } else {
+            values[0] += __shfl_xor_sync(FULL_WARP, values[0], offset);
+        }
+    }
+    return values[0];
+}
+
+// The smallest power of two at least n, and its log2: the transposed sums' sizes.
+__host__ __device__ constexpr int rnn_pow2(int n) {
+    return n <= 1 ? 1 : 2 * rnn_pow2((n + 1) / 2);
+}
+__host__ __device__ constexpr int rnn_log2(int n) {
+    return n <= 1 ? 0 : 1 + rnn_log2(n / 2);
+}

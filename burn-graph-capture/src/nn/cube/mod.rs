@@ -18,7 +18,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
 use crate::nn::sequence::primitive;
-use crate::nn::strategy::{self, Cell, Recurrence, RecurrenceShape};
+use crate::nn::strategy::{self, Cell, Direction, Recurrence, RecurrenceShape};
 use crate::runtime::CudaGraphRuntime;
 
 /// An uninitialised contiguous tensor like `like`'s, of `shape`.
@@ -53,6 +53,7 @@ pub(crate) fn fused_dtype(dtype: DType) -> bool {
 /// each cell and shape asks.
 pub(crate) fn recurrence<R: CubeRuntime>(
     cell: Cell,
+    direction: Direction,
     like: &CubeTensor<R>,
     shape: RecurrenceShape,
 ) -> Recurrence {
@@ -64,17 +65,25 @@ pub(crate) fn recurrence<R: CubeRuntime>(
         .unwrap_or(0) as usize;
     let choice = strategy::choose(
         cell,
+        direction,
         shape,
         like.dtype == DType::F32,
         sms,
         strategy::recurrence_preference(),
     );
-    static TRACED: Mutex<BTreeSet<(bool, usize, usize, usize)>> = Mutex::new(BTreeSet::new());
-    let key = (cell == Cell::Lstm, shape.batch, shape.time, shape.hidden);
+    static TRACED: Mutex<BTreeSet<(bool, bool, usize, usize, usize)>> = Mutex::new(BTreeSet::new());
+    let key = (
+        cell == Cell::Lstm,
+        direction == Direction::Forward,
+        shape.batch,
+        shape.time,
+        shape.hidden,
+    );
     if TRACED.lock().is_ok_and(|mut traced| traced.insert(key)) {
         tracing::debug!(
             target: "burn_graph_capture::recurrence",
             ?cell,
+            ?direction,
             batch = shape.batch,
             time = shape.time,
             hidden = shape.hidden,

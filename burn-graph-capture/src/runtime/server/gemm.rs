@@ -3,6 +3,9 @@
 //! GEMM inside a window is recorded and retains its buffers, and another thread's GEMM
 //! waits for the window to close.
 
+use cudarc::driver::CudaEvent;
+use cudarc::driver::sys::CUevent_flags;
+
 use super::graphs::capture_server_err;
 use super::*;
 
@@ -38,6 +41,22 @@ impl CudaGraphServer {
             None if super::super::blas::enabled() => None,
             None => Some(false),
         }
+    }
+
+    /// An event recorded on the stream after everything queued so far, with timing, for
+    /// measuring GEMMs (`backend::gemm_route`); `None` while a window is open (a capture
+    /// forbids the host waits that reading it takes).
+    pub fn timing_event(&mut self) -> Result<Option<CudaEvent>, CaptureError> {
+        self.bind_context().map_err(capture_server_err)?;
+        let caller = StreamId::current();
+        if self.holds(caller) || self.streams.resolve(caller).capturing() {
+            return Ok(None);
+        }
+        let stream = &self.streams.resolve(caller).stream;
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Some)
+            .map_err(|err| CaptureError::driver("cuEventRecord", err))
     }
 
     /// [`Self::gemm`] for a caller that does not wait: an error is parked on the

@@ -16,7 +16,7 @@ use cubecl_runtime::server::ComputeServer;
 use super::backend::{GruKernels, GruSaved, plain_backward, plain_forward};
 use crate::nn::cube::{gemm, on_graph_runtime, recurrence};
 use crate::nn::sequence::{primitive, tensor};
-use crate::nn::strategy::{Cell, Recurrence, RecurrenceShape};
+use crate::nn::strategy::{Cell, Direction, Recurrence, RecurrenceShape};
 
 /// The plain recurrence's products through cuBLAS where it serves them (`nn::cube::gemm`):
 /// CubeCL's matmul may run fp32 at TF32.
@@ -55,7 +55,7 @@ where
             hidden: three_h / 3,
         };
         // `choose` keeps other dtypes stepwise.
-        if let Recurrence::Persistent(grid) = recurrence(Cell::Gru, &xp, shape)
+        if let Recurrence::Persistent(grid) = recurrence(Cell::Gru, Direction::Forward, &xp, shape)
             && let Some([states, gates]) =
                 on_graph_runtime([&xp, &wh, &bh, &h0], |[xp, wh, bh, h0]| {
                     let (states, gates) = persistent::forward(xp, wh, bh, h0, grid);
@@ -76,7 +76,9 @@ where
             hidden,
         };
         // `choose` keeps other dtypes and empty sequences stepwise.
-        let Recurrence::Persistent(grid) = recurrence(Cell::Gru, &saved.states, shape) else {
+        let Recurrence::Persistent(grid) =
+            recurrence(Cell::Gru, Direction::Backward, &saved.states, shape)
+        else {
             return plain_backward::<Self>(d_states, saved, cublas::<R, F, I, BT>);
         };
         let GruSaved { states, gates, wh } = saved;

@@ -23,7 +23,7 @@ use cubecl_runtime::server::ComputeServer;
 
 use super::backend::{LstmKernels, LstmSaved, plain_backward, plain_forward, primitive, tensor};
 use crate::nn::cube::{fused_dtype, gemm, on_graph_runtime, recurrence};
-use crate::nn::strategy::{Cell, Recurrence, RecurrenceShape};
+use crate::nn::strategy::{Cell, Direction, Recurrence, RecurrenceShape};
 
 /// Threads per cube of the cell kernels.
 const CUBE_THREADS: u32 = 256;
@@ -72,7 +72,7 @@ where
             time,
             hidden: four_h / 4,
         };
-        if let Recurrence::Persistent(grid) = recurrence(Cell::Lstm, &xp, shape)
+        if let Recurrence::Persistent(grid) = recurrence(Cell::Lstm, Direction::Forward, &xp, shape)
             && let Some(out) = on_graph_runtime([&xp, &wh, &h0, &c0], |[xp, wh, h0, c0]| {
                 let (states, gates) = persistent::forward(xp, wh, h0, c0, grid);
                 [states, gates]
@@ -102,7 +102,7 @@ where
             time,
             hidden,
         };
-        let persistent = match recurrence(Cell::Lstm, &states, shape) {
+        let persistent = match recurrence(Cell::Lstm, Direction::Backward, &states, shape) {
             Recurrence::Persistent(grid) => {
                 on_graph_runtime([&d_states, &states, &gates, &wh], |[ds, s, g, w]| {
                     let (dz, d_h0, d_c0) = persistent::backward(ds, s, g, w, grid);

@@ -2,9 +2,10 @@
 // hidden units [j0, j0 + UNITS) and keeps their rows of W_h in shared memory. Going back
 // from the last step, warp `w` takes ROWS batch rows at a time: its lanes split the
 // hidden gradient that step t + 1 sends back (dz_{t+1}[b] . W_h[j, :]), each weight read
-// once for all ROWS rows, and lane r * UNITS + u turns row r's sum into unit j0 + u's gate
-// gradients dz_t and the carried cell gradient (kept in d_c0, which only that lane
-// touches until the end). The blocks meet after each step, since step t - 1 reads every
+// once for all ROWS rows; the warp adds them up transposed (`rnn_warp_transpose_sum`), and
+// the lane holding row r's and unit u's total turns it into unit j0 + u's gate gradients
+// dz_t and the carried cell gradient (kept in d_c0, which only that lane touches until
+// the end). The blocks meet after each step, since step t - 1 reads every
 // gate gradient of step t. Last, the initial state's gradients:
 // d_h0 = dz_0 . W_h^T + d_states[0, 0], d_c0 = carried + d_states[1, 0].
 //
@@ -21,19 +22,22 @@
 #define DH_AT(b, j) ((offset_t)(b) * DH_S0 + (offset_t)(j) * DH_S1)
 #define DC_AT(b, j) ((offset_t)(b) * DC_S0 + (offset_t)(j) * DC_S1)
 #define Z_ROUNDS ((FOUR_H + 31) / 32)
+// The transposed sum (`rnn_warp_transpose_sum`) of ROWS * UNITS <= 32 sums: lane L holds
+// sum L >> SHIFT, the hidden gradient of (row, unit) (L >> SHIFT) / UNITS, % UNITS.
+#define SUMS (ROWS * UNITS)
+constexpr int PADDED = rnn_pow2(SUMS);
+constexpr int SHIFT = 5 - rnn_log2(PADDED);
 
-// This lane's share of rows b0.. of dz_t . W_h[j0 + u, :], summed over the warp; returns
-// the sum of row `my_row` and unit `my_unit` (zero for a lane that owns none).
+// This lane's share of rows b0.. of dz_t . W_h[j0 + u, :], summed over the warp
+// (transposed); returns the sum of row `my_row` and unit `my_unit` on the lane that owns
+// them.
 __device__ __forceinline__ float lstm_hidden_gradient(const float* dz, const float* w, int t,
-                                                      int b0, int lane, int my_row,
-                                                      int my_unit) {
-    float dh[ROWS][UNITS];
+                                                      int b0, int lane) {
+    // dh[r * UNITS + u], padded with zeros to a power of two.
+    float dh[PADDED];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-        for (int u = 0; u < UNITS; ++u) {
-            dh[r][u] = 0.0f;
-        }
+    for (int n = 0; n < PADDED; ++n) {
+        dh[n] = 0.0f;
     }
 #pragma unroll 8
     for (int round = 0; round < Z_ROUNDS; ++round) {
@@ -50,23 +54,12 @@ __device__ __forceinline__ float lstm_hidden_gradient(const float* dz, const flo
                 const float weight = w[u * FOUR_H + c];
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
-                    dh[r][u] += d[r] * weight;
+                    dh[r * UNITS + u] += d[r] * weight;
                 }
             }
         }
     }
-    float mine = 0.0f;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        rnn_warp_sum<UNITS>(dh[r]);
-#pragma unroll
-        for (int u = 0; u < UNITS; ++u) {
-            if (my_row == r && my_unit == u) {
-                mine = dh[r][u];
-            }
-        }
-    }
-    return mine;
+    return rnn_warp_transpose_sum<PADDED>(dh, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -85,9 +78,11 @@ lstm_persistent_backward(const float* __restrict__ d_states, const float* __rest
         w[index] = j < HIDDEN ? wh[(offset_t)j * WH_S0 + (offset_t)c * WH_S1] : 0.0f;
     }
     __syncthreads();
-    // The (row, unit) this lane updates.
-    const int my_row = lane / UNITS;
-    const int my_unit = lane % UNITS;
+    // The (row, unit) this lane updates (`my_row == ROWS`: none).
+    const int sum = lane >> SHIFT;
+    const bool owner = (lane & ((1 << SHIFT) - 1)) == 0 && sum < SUMS;
+    const int my_row = owner ? sum / UNITS : ROWS;
+    const int my_unit = owner ? sum % UNITS : 0;
     const int j = j0 + my_unit;
 
     for (int step = 0; step < TIME; ++step) {
@@ -95,7 +90,7 @@ lstm_persistent_backward(const float* __restrict__ d_states, const float* __rest
         for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
             float dh_rec = 0.0f;
             if (step > 0) {
-                dh_rec = lstm_hidden_gradient(dz, w, t + 1, b0, lane, my_row, my_unit);
+                dh_rec = lstm_hidden_gradient(dz, w, t + 1, b0, lane);
             }
             const int b = b0 + my_row;
             if (my_row < ROWS && b < BATCH && j < HIDDEN) {
@@ -123,7 +118,7 @@ lstm_persistent_backward(const float* __restrict__ d_states, const float* __rest
     }
 
     for (int b0 = warp * ROWS; b0 < BATCH; b0 += WARPS * ROWS) {
-        const float dh_rec = lstm_hidden_gradient(dz, w, 0, b0, lane, my_row, my_unit);
+        const float dh_rec = lstm_hidden_gradient(dz, w, 0, b0, lane);
         const int b = b0 + my_row;
         if (my_row < ROWS && b < BATCH && j < HIDDEN) {
             d_h0[DH_AT(b, j)] = dh_rec + d_states[DS_AT(0, 0, b, j)];
