@@ -71,7 +71,9 @@ pub(crate) fn recurrence<R: CubeRuntime>(
         sms,
         strategy::recurrence_preference(),
     );
-    static TRACED: Mutex<BTreeSet<(bool, bool, usize, usize, usize)>> = Mutex::new(BTreeSet::new());
+    /// LSTM or not, forward or not, batch, time, hidden.
+    type Traced = (bool, bool, usize, usize, usize);
+    static TRACED: Mutex<BTreeSet<Traced>> = Mutex::new(BTreeSet::new());
     let key = (
         cell == Cell::Lstm,
         direction == Direction::Forward,
