@@ -4,7 +4,9 @@
 //! matmul, and exact fp32 where CubeCL's runs at TF32 (`bench/results/lstm-*.md`). A
 //! matmul that one strided-batched GEMM cannot read (another dtype, strides that do not
 //! collapse), or every matmul when cuBLAS is off (`BURN_GRAPH_CAPTURE_CUBLAS=off`) or
-//! missing, runs CubeCL's kernels; a missing cuBLAS is warned about once.
+//! missing, runs CubeCL's kernels; a missing cuBLAS is warned about once. Each shape runs
+//! in the form `gemm_route` measured for it (`A B`, or `(Bᵀ Aᵀ)ᵀ` where cuBLAS's pick for
+//! the planned form is slow).
 
 use std::any::Any;
 use std::collections::BTreeMap;
