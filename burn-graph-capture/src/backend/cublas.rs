@@ -71,7 +71,8 @@ fn routed(
     if !gemm_route::enabled() {
         return matmul_as_laid(lhs, rhs);
     }
-    let key = plan(lhs, rhs, None)?;
+    let shape = output_shape(lhs, rhs)?;
+    let key = plan(lhs, rhs, &row_major_contiguous_strides(&shape))?;
     let device = lhs.device.index;
     let form = match gemm_route::known(device, &key) {
         Some(form) => form,
@@ -157,19 +158,24 @@ fn measure(
     Ok(Some(form))
 }
 
-/// The GEMM of `lhs @ rhs` into an output with `out_strides`, or packed ones.
+/// The shape of `lhs @ rhs`.
+fn output_shape(
+    lhs: &CubeTensor<CudaGraphRuntime>,
+    rhs: &CubeTensor<CudaGraphRuntime>,
+) -> Result<Vec<usize>, Refusal> {
+    Gemm::output_shape(lhs.meta.shape(), rhs.meta.shape()).map_err(Refusal::Plan)
+}
+
+/// The GEMM of `lhs @ rhs` into an output with `out_strides`.
 fn plan(
     lhs: &CubeTensor<CudaGraphRuntime>,
     rhs: &CubeTensor<CudaGraphRuntime>,
-    out_strides: Option<&[usize]>,
+    out_strides: &[usize],
 ) -> Result<Gemm, Refusal> {
-    let (lhs_shape, rhs_shape) = (lhs.meta.shape(), rhs.meta.shape());
-    let shape = Gemm::output_shape(lhs_shape, rhs_shape).map_err(Refusal::Plan)?;
-    let packed = row_major_contiguous_strides(&shape);
     Gemm::plan(
-        (lhs_shape, lhs.meta.strides()),
-        (rhs_shape, rhs.meta.strides()),
-        out_strides.unwrap_or(&packed),
+        (lhs.meta.shape(), lhs.meta.strides()),
+        (rhs.meta.shape(), rhs.meta.strides()),
+        out_strides,
     )
     .map_err(Refusal::Plan)
 }
@@ -198,9 +204,9 @@ fn matmul_as_laid(
     blas_ready(&lhs.device)?;
     // Planned against packed output strides before the output exists, so a refusal
     // allocates nothing.
-    let gemm = plan(lhs, rhs, None)?;
-    let shape = Gemm::output_shape(lhs.meta.shape(), rhs.meta.shape()).map_err(Refusal::Plan)?;
+    let shape = output_shape(lhs, rhs)?;
     let packed = row_major_contiguous_strides(&shape);
+    let gemm = plan(lhs, rhs, &packed)?;
     let out = empty_device_contiguous_dtype(
         lhs.client.clone(),
         lhs.device,
@@ -211,7 +217,7 @@ fn matmul_as_laid(
     let gemm = if **out.meta.strides() == *packed {
         gemm
     } else {
-        plan(lhs, rhs, Some(out.meta.strides()))?
+        plan(lhs, rhs, out.meta.strides())?
     };
     let operands = [
         lhs.handle.clone().binding(),

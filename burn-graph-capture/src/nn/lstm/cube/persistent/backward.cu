@@ -29,8 +29,8 @@ constexpr int PADDED = rnn_pow2(SUMS);
 constexpr int SHIFT = 5 - rnn_log2(PADDED);
 
 // This lane's share of rows b0.. of dz_t . W_h[j0 + u, :], summed over the warp
-// (transposed); returns the sum of row `my_row` and unit `my_unit` on the lane that owns
-// them.
+// (transposed); returns this lane's total, sum `lane >> SHIFT` (the owner's of its row and
+// unit, see `owner` below).
 __device__ __forceinline__ float lstm_hidden_gradient(const float* dz, const float* w, int t,
                                                       int b0, int lane) {
     // dh[r * UNITS + u], padded with zeros to a power of two.
