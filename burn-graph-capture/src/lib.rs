@@ -15,9 +15,9 @@
 extern crate self as burn_graph_capture;
 
 pub mod backend;
-pub mod dist;
 pub mod nn;
 pub mod optim;
+pub mod parallel;
 pub mod rng;
 #[cfg(feature = "cuda")]
 pub mod runtime;
@@ -32,7 +32,7 @@ pub use backend::{
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
-pub use dist::{DataParallel, DataParallelConfig, DistError, RankLink, RankMember};
+pub use parallel::{DataParallel, DataParallelConfig, DistError, RankLink, RankMember};
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepChange, StepError, StepInput,
     StepMode, StepOutcome, StepOutput, TrainerReport,

@@ -11,6 +11,7 @@
 //! `cargo run -p xtask -- gen-forward --check` fails if it is stale.
 
 mod classify;
+mod imports;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -34,14 +35,18 @@ const OUTPUT: &str = "burn-graph-capture/src/backend/ops/generated.rs";
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let check = args.iter().any(|a| a == "--check");
-    if args.first().map(String::as_str) != Some("gen-forward") {
-        eprintln!("usage: cargo run -p xtask -- gen-forward [--check]");
-        return ExitCode::from(2);
-    }
-    match run(check) {
+    let result = match args.first().map(String::as_str) {
+        Some("gen-forward") => run(check),
+        Some("imports") => check_imports(),
+        _ => {
+            eprintln!("usage: cargo run -p xtask -- gen-forward [--check] | imports");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("xtask gen-forward: {message}");
+            eprintln!("xtask: {message}");
             ExitCode::FAILURE
         }
     }
@@ -64,6 +69,14 @@ fn run(check: bool) -> Result<(), String> {
         std::fs::write(&output, generated).map_err(|e| format!("writing {OUTPUT}: {e}"))?;
         println!("wrote {OUTPUT}");
     }
+    Ok(())
+}
+
+/// The library's modules import one way (`imports`'s rules).
+fn check_imports() -> Result<(), String> {
+    let src = workspace_root()?.join("burn-graph-capture/src");
+    let edges = imports::check(&src).map_err(|cycles| format!("import cycles:\n{cycles}"))?;
+    println!("no import cycles among the library's files and folders ({edges} edges)");
     Ok(())
 }
 

@@ -21,7 +21,7 @@ use cubecl_core::zspace::striding::row_major_contiguous_strides;
 use super::custom_op::{Handles, output};
 use super::layout;
 use crate::backend::GraphBackend;
-use crate::dist::{DistError, RankLink};
+use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::{self, CollectiveOp};
 use crate::runtime::{
     CaptureError, CollectiveOperand, CudaGraphDevice, CudaGraphRuntime, submit_to_server,

@@ -8,7 +8,7 @@ mod flex {
     use burn_flex::Flex;
 
     use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
-    use crate::dist::{DistError, RankLink, host};
+    use crate::parallel::{DistError, RankLink, host};
     use crate::rng::{draw, state::Words};
 
     /// Flex computes on the calling thread: its reads are ready at once.

@@ -18,7 +18,7 @@ use cubecl_core::server::Handle;
 use crate::backend::{
     AnyTensor, BufferId, GraphBackend, GraphError, Holder, RuntimeFailure, layout,
 };
-use crate::dist::{DistError, RankLink};
+use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::CollectiveOp;
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,

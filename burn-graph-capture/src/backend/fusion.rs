@@ -18,7 +18,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
 use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, Holder};
-use crate::dist::{DistError, RankLink};
+use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::CollectiveOp;
 
 /// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::holder::Holder;
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
-use crate::dist::{DistError, RankLink};
 use crate::nn::{GruKernels, LstmKernels};
+use crate::parallel::{DistError, RankLink};
 
 /// Identity of a tensor's storage, stable while that storage lives.
 ///

@@ -16,8 +16,8 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::error::StepError;
 use crate::backend::GraphBackend;
-use crate::dist::{DistError, RankLink};
 use crate::optim::CapturableOptimizer;
+use crate::parallel::{DistError, RankLink};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 

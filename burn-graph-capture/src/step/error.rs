@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::dist::DistError;
+use crate::parallel::DistError;
 
 /// A step that was refused before it changed anything.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]

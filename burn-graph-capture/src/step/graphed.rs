@@ -34,8 +34,8 @@ use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
     Holder, TrainBackend,
 };
-use crate::dist::RankLink;
 use crate::optim::CapturableOptimizer;
+use crate::parallel::RankLink;
 use burn::tensor::DType;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 

@@ -17,8 +17,8 @@ use super::collectives::average_gradients;
 use super::error::StepError;
 use super::output::{StepOutput, unaliased};
 use crate::backend::GraphBackend;
-use crate::dist::RankLink;
 use crate::optim::CapturableOptimizer;
+use crate::parallel::RankLink;
 
 /// Why the model can be missing: an optimizer step that panicked took it.
 const LOST: &str = "the trainer's model was lost: its optimizer panicked in an earlier step";

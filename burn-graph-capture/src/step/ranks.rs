@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::agreement::{self, Proposal, Verdict};
 use super::error::StepError;
 use super::mode::FallbackReason;
-use crate::dist::{DistError, RankLink, RankMember};
+use crate::parallel::{DistError, RankLink, RankMember};
 
 /// How a rank's capture came out, as its peers learn it before launching.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -26,8 +26,8 @@ use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
 use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
-use crate::dist::{DistError, RankMember};
 use crate::optim::CapturableOptimizer;
+use crate::parallel::{DistError, RankMember};
 
 /// The result of one step; `T` is the step closure's item (its loss, for a closure that
 /// returns one).

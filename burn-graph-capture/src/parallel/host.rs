@@ -97,7 +97,7 @@ fn decode(payload: &[u8], like: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, DistError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::{DataParallel, DataParallelConfig};
+    use crate::parallel::{DataParallel, DataParallelConfig};
 
     fn run_ranks<T: Send + 'static>(
         world: usize,
