@@ -25,7 +25,7 @@ use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::{self, CollectiveOp};
 use crate::runtime::{
     CaptureError, CollectiveOperand, CudaGraphDevice, CudaGraphRuntime, submit_to_server,
-    with_server,
+    try_with_server, with_server,
 };
 
 /// Keys of this crate's groups on a server: apart from Burn's own communicators, which
@@ -74,8 +74,7 @@ pub(super) fn join(device: &CudaGraphDevice, link: &RankLink) -> Result<(), Dist
         ));
     }
     let (key, rank, world) = (key(link), link.rank(), link.world());
-    let comm = with_server(device, move |server| server.nccl_join(key, id, rank, world))
-        .and_then(|joined| joined)
+    let comm = try_with_server(device, move |server| server.nccl_join(key, id, rank, world))
         .map_err(collective_err)?;
     link.on_failure(move |error| comm.abort(&error.to_string()));
     let device = *device;

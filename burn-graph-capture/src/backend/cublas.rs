@@ -23,7 +23,7 @@ use cubecl_core::zspace::striding::row_major_contiguous_strides;
 use super::gemm_route::{self, Form};
 use crate::runtime::blas::{Gemm, GemmRefusal};
 use crate::runtime::{
-    CaptureError, CudaGraphDevice, CudaGraphRuntime, submit_to_server, with_server,
+    CaptureError, CudaGraphDevice, CudaGraphRuntime, submit_to_server, try_with_server, with_server,
 };
 
 /// Why a matmul did not go to cuBLAS.
@@ -114,11 +114,8 @@ fn measure(
     lhs: &CubeTensor<CudaGraphRuntime>,
     rhs: &CubeTensor<CudaGraphRuntime>,
 ) -> Result<Option<Form>, Refusal> {
-    let event = || {
-        with_server(&lhs.device, |server| server.timing_event())
-            .and_then(|event| event)
-            .map_err(Refusal::Runtime)
-    };
+    let event =
+        || try_with_server(&lhs.device, |server| server.timing_event()).map_err(Refusal::Runtime);
     // Nothing may run before this answer: inside a window it would be recorded.
     if event()?.is_none() {
         return Ok(None);

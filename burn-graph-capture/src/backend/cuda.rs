@@ -1,7 +1,7 @@
 //! `GraphBackend` for the CUDA stack: `CubeBackend<CudaGraphRuntime, f32, i32, u8>`.
 //!
 //! Capture and replay go to the runtime's server through its device queue, so they are
-//! ordered with every kernel queued before them (see `runtime::capture`). Pinned tensors
+//! ordered with every kernel queued before them (see `runtime::window`). Pinned tensors
 //! live in the runtime's arena; `copy_into` is a device-to-device copy on the stream, which
 //! a capture window records like any launch.
 
@@ -9,20 +9,20 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::Distribution;
 use burn::tensor::ops::FloatTensorOps;
-use burn_backend::{DType, FloatDType, Shape, TensorMetadata};
+use burn_backend::{DType, FloatDType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
 use crate::backend::{
-    AnyTensor, BufferId, GraphBackend, GraphError, Holder, RuntimeFailure, layout,
+    AnyTensor, BufferId, GraphBackend, GraphError, Holder, RuntimeCause, RuntimeFailure, layout,
 };
 use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::CollectiveOp;
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
-    capture_end, capture_stream, with_server,
+    capture_end, capture_stream, try_with_server,
 };
 
 /// The plain CubeCL backend on this crate's runtime.
@@ -31,7 +31,7 @@ pub type CudaCube = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
 fn runtime_err(err: CaptureError) -> GraphError {
     GraphError::Runtime {
         kind: failure_kind(&err),
-        detail: err.to_string(),
+        cause: RuntimeCause::new(err),
     }
 }
 
@@ -46,7 +46,7 @@ fn failure_kind(err: &CaptureError) -> RuntimeFailure {
         CaptureError::FirstCompile(_) => RuntimeFailure::FirstCompile,
         CaptureError::Unsupported(_) => RuntimeFailure::Unsupported,
         CaptureError::StreamUnhealthy(_) => RuntimeFailure::StreamUnhealthy,
-        CaptureError::Server(_) => RuntimeFailure::Server,
+        CaptureError::Server(_) | CaptureError::OutOfBounds { .. } => RuntimeFailure::Server,
         CaptureError::Driver { .. } => RuntimeFailure::Driver,
         CaptureError::Blas { .. } | CaptureError::BlasUnavailable => RuntimeFailure::Blas,
         CaptureError::Nccl { .. } | CaptureError::NcclUnavailable(_) => RuntimeFailure::Collective,
@@ -91,9 +91,7 @@ fn pinnable(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
 
 /// `bytes` in the arena, for a pin of `tensor`.
 fn arena_alloc(tensor: &CubeTensor<CudaGraphRuntime>, bytes: u64) -> Result<Handle, GraphError> {
-    with_server(&tensor.device, move |server| server.arena_alloc(bytes))
-        .and_then(|r| r)
-        .map_err(runtime_err)
+    try_with_server(&tensor.device, move |server| server.arena_alloc(bytes)).map_err(runtime_err)
 }
 
 /// Whether a batch tensor's pin keeps its layout (`layout::input_pinnable_as_it_lies`).
@@ -225,17 +223,8 @@ impl GraphBackend for CudaCube {
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
-        dst.check_same_kind(src)?;
+        dst.check_copy_from(src)?;
         let (dst, src) = (cube(dst), cube(src));
-        if dst.shape() != src.shape() || dst.dtype != src.dtype {
-            return Err(GraphError::CopyMismatch(format!(
-                "dst {:?} {:?}, src {:?} {:?}",
-                dst.shape(),
-                dst.dtype,
-                src.shape(),
-                src.dtype
-            )));
-        }
         let shape: &[usize] = dst.meta.shape();
         let packed;
         let src = if layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
@@ -256,18 +245,16 @@ impl GraphBackend for CudaCube {
         // (which depends only on the strides `same_placement` compared).
         let bytes = reach_bytes(dst);
         let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
-        with_server(&dst.device, move |server| {
+        try_with_server(&dst.device, move |server| {
             server.copy_device(from, to, bytes)
         })
-        .and_then(|r| r)
         .map_err(runtime_err)
     }
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
         let tensor = cube(tensor);
         let binding = tensor.handle.clone().binding();
-        with_server(&tensor.device, move |server| server.buffer_address(binding))
-            .ok()?
+        try_with_server(&tensor.device, move |server| server.buffer_address(binding))
             .ok()
             .map(BufferId)
     }
@@ -308,10 +295,9 @@ fn copy_as_it_lies(
     let bytes = reach_bytes(&tensor);
     let handle = alloc(&tensor, bytes)?;
     let (from, to) = (tensor.handle.clone().binding(), handle.clone().binding());
-    with_server(&tensor.device, move |server| {
+    try_with_server(&tensor.device, move |server| {
         server.copy_device(from, to, bytes)
     })
-    .and_then(|r| r)
     .map_err(runtime_err)?;
     Ok(CubeTensor {
         client: tensor.client.clone(),
@@ -348,11 +334,15 @@ mod tests {
     #[test]
     fn runtime_errors_keep_their_kind_and_message() {
         let err = runtime_err(CaptureError::NeedsAllocation { bytes: 512 });
-        let GraphError::Runtime { kind, detail } = &err else {
+        let GraphError::Runtime { kind, cause } = &err else {
             panic!("{err:?}");
         };
         assert_eq!(*kind, RuntimeFailure::NeedsAllocation);
-        assert!(detail.contains("512 bytes"), "{detail}");
+        assert!(cause.to_string().contains("512 bytes"), "{cause}");
+        assert!(matches!(
+            cause.downcast_ref::<CaptureError>(),
+            Some(CaptureError::NeedsAllocation { bytes: 512 })
+        ));
         let first = runtime_err(CaptureError::FirstCompile("gemm".into()));
         assert!(matches!(
             first,

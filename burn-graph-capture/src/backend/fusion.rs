@@ -179,15 +179,8 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     }
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
-        dst.check_same_kind(src)?;
-        let (d, s) = (fused(dst), fused(src));
-        if d.shape != s.shape || d.dtype != s.dtype {
-            return Err(GraphError::CopyMismatch(format!(
-                "dst {:?} {:?}, src {:?} {:?}",
-                d.shape, d.dtype, s.shape, s.dtype
-            )));
-        }
-        drain::<B>(d.client.device());
+        dst.check_copy_from(src)?;
+        drain::<B>(fused(dst).client.device());
         B::copy_into(&resolve::<B>(dst), &resolve::<B>(src))
     }
 

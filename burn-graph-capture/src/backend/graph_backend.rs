@@ -9,6 +9,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{Backend, DType, FloatDType, Shape, StreamId};
 use serde::{Deserialize, Serialize};
 
+use super::error::GraphError;
 use super::holder::Holder;
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
@@ -21,78 +22,6 @@ use crate::parallel::{DistError, RankLink};
 /// reused, so the step API keeps pinned buffers alive while it compares identities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BufferId(pub u64);
-
-/// A graph operation that could not be done. The step then runs eagerly.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum GraphError {
-    /// The backend cannot record or replay hardware graphs.
-    #[error("this backend has no hardware graphs")]
-    NoHardwareGraphs,
-    /// The backend has no arena to pin tensors into.
-    #[error("this backend has no arena for pinned tensors")]
-    NoArena,
-    /// Source and destination of a pinned copy differ in shape or dtype.
-    #[error("pinned copy mismatch: {0}")]
-    CopyMismatch(String),
-    /// A copy into a pinned buffer whose values would lie otherwise there than in the
-    /// source (other strides). Kernels, and their rounding, follow strides
-    /// (`backend::layout`), so a pin must lie as what is written into it: the trainer
-    /// pins again as the values now lie, or runs the step eagerly.
-    #[error("layout differs: shape {shape:?} lies with strides {given:?}, its pin with {pinned:?}")]
-    LayoutDiffers {
-        /// The tensor's shape.
-        shape: Vec<usize>,
-        /// The pinned buffer's strides, in elements.
-        pinned: Vec<usize>,
-        /// The source's strides, in elements.
-        given: Vec<usize>,
-    },
-    /// The step panicked while it was recorded (CubeCL's autotuner does when a kernel
-    /// meets its first tuning inside a window, where profiling is refused). The window
-    /// was closed and nothing recorded ran; the step runs eagerly instead.
-    #[error("the step panicked while it was recorded: {0}")]
-    CapturePanicked(String),
-    /// The driver or runtime refused a capture, instantiate or replay call.
-    #[error("graph runtime error ({kind:?}): {detail}")]
-    Runtime {
-        /// What failed, for code that reacts to it.
-        kind: RuntimeFailure,
-        /// The runtime's own message.
-        detail: String,
-    },
-}
-
-/// The kind of a runtime failure behind [`GraphError::Runtime`]: the runtime's typed
-/// error, reduced to what a report can serialize.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum RuntimeFailure {
-    /// A host synchronisation (read, sync, profiling) inside a window.
-    HostSync,
-    /// A window needed memory its pools could not serve without allocating.
-    NeedsAllocation,
-    /// A window ran out of pinned staging.
-    StagingExhausted,
-    /// A kernel was compiled for the first time inside a window.
-    FirstCompile,
-    /// An operation that cannot be recorded.
-    Unsupported,
-    /// A window was opened while one was open, or closed while none was.
-    WindowState,
-    /// Earlier asynchronous work had failed.
-    StreamUnhealthy,
-    /// A runtime server call failed.
-    Server,
-    /// A CUDA driver call failed.
-    Driver,
-    /// A cuBLAS call failed, or cuBLAS could not be loaded.
-    Blas,
-    /// An NCCL call failed, or NCCL could not be loaded.
-    Collective,
-    /// The graph is no longer known to the runtime.
-    UnknownGraph,
-    /// The device worker could not be reached.
-    Unreachable,
-}
 
 /// Capture, replay and pinning, as an inner backend provides them.
 ///

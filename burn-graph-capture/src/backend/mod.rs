@@ -14,6 +14,7 @@ pub(crate) mod cublas;
 mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod custom_op;
+mod error;
 mod forward;
 #[cfg(feature = "cuda")]
 mod fused_matmul;
@@ -35,9 +36,10 @@ pub mod session;
 pub use base::{GraphCapture, TrainBackend};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaCube;
+pub use error::{CopyMismatch, GraphError, RuntimeCause, RuntimeFailure};
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
-pub use graph_backend::{BufferId, GraphBackend, GraphError, NoGraph, RuntimeFailure};
+pub use graph_backend::{BufferId, GraphBackend, NoGraph};
 pub use holder::Holder;
 pub use identity::{Allocated, AllocationId};
 pub use primitive::AnyTensor;

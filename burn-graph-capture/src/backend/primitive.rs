@@ -5,6 +5,8 @@ use std::fmt;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn_backend::{Backend, DType, Scalar, Shape, TensorMetadata};
 
+use super::error::CopyMismatch;
+
 /// A float, int or bool tensor primitive of backend `B`.
 pub enum AnyTensor<B: Backend> {
     /// A float tensor.
@@ -52,16 +54,25 @@ impl<B: Backend> AnyTensor<B> {
         }
     }
 
-    /// A copy between `self` and `other` needs one kind on both sides.
-    pub fn check_same_kind(&self, other: &Self) -> Result<(), super::GraphError> {
-        if self.kind() == other.kind() {
-            return Ok(());
+    /// A copy from `src` into `self` needs one kind, shape and dtype on both sides.
+    pub fn check_copy_from(&self, src: &Self) -> Result<(), CopyMismatch> {
+        if self.kind() != src.kind() {
+            return Err(CopyMismatch::Kind {
+                dst: self.kind().into(),
+                src: src.kind().into(),
+            });
         }
-        Err(super::GraphError::CopyMismatch(format!(
-            "a {} tensor and a {} tensor",
-            self.kind(),
-            other.kind()
-        )))
+        let (dst_shape, src_shape) = (self.shape(), src.shape());
+        let (dst_dtype, src_dtype) = (self.dtype(), src.dtype());
+        if dst_shape != src_shape || dst_dtype != src_dtype {
+            return Err(CopyMismatch::Shape {
+                dst_shape: dst_shape.to_vec(),
+                dst_dtype,
+                src_shape: src_shape.to_vec(),
+                src_dtype,
+            });
+        }
+        Ok(())
     }
 
     /// The same values in a buffer of their own (an identity op: `x * 1`, `x + 0`,

@@ -27,6 +27,24 @@ use cudarc::{
 };
 use std::{collections::HashMap, path::Path, sync::Arc};
 
+/// Names of source kernels that must run as cooperative launches (all blocks resident at
+/// once), which `launch_on` looks for.
+const COOPERATIVE_PREFIX: &str = "cooperative::";
+
+/// Environment variable that turns cooperative launches off (`off`): the kernels then go
+/// through `cuLaunchKernel`, whose grid the driver does not promise to start together (a
+/// workaround for a driver that refuses to capture cooperative launches; the grids are
+/// sized to one block per SM, which an idle device holds).
+const COOPERATIVE_VAR: &str = "BURN_GRAPH_CAPTURE_COOPERATIVE";
+
+/// Whether the kernel named `name` is launched cooperatively.
+pub(crate) fn is_cooperative(name: &str) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled = *ENABLED
+        .get_or_init(|| std::env::var(COOPERATIVE_VAR).map_or(true, |value| value.trim() != "off"));
+    enabled && name.starts_with(COOPERATIVE_PREFIX)
+}
+
 /// The CubeCL compiler of this runtime: cubecl-cpp's CUDA dialect with WMMA intrinsics.
 pub type CudaGraphCompiler = CppCompiler<CudaDialect<CudaWmmaCompiler>>;
 
@@ -103,11 +121,6 @@ impl KernelCache {
     /// Whether `id` is compiled already (a capture window may launch only those).
     pub fn contains(&self, id: &KernelId) -> bool {
         self.kernels.contains_key(id)
-    }
-
-    /// Number of kernels compiled so far.
-    pub fn compiled_count(&self) -> usize {
-        self.kernels.len()
     }
 
     /// Returns the loaded kernel for `id`, compiling it on first use.
@@ -198,7 +211,7 @@ impl KernelCache {
             function,
             cube_dim: compiled.cube_dim,
             shared_mem_bytes: shared as u32,
-            cooperative: super::source_kernel::is_cooperative(kernel.name()),
+            cooperative: is_cooperative(kernel.name()),
         })
     }
 }

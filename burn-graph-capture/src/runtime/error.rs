@@ -100,7 +100,7 @@ pub(crate) fn launch_err(call: &str, error: DriverError) -> LaunchError {
 ///
 /// A window that fails is always closed: the stream has left capture mode, nothing the
 /// window recorded has run, and the stream is usable for eager work (I5).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CaptureError {
     /// `capture_begin` while this thread's own window is open (nested capture).
     #[error("a capture window is already open on this device")]
@@ -140,8 +140,18 @@ pub enum CaptureError {
     #[error("the stream has pending errors: {0}")]
     StreamUnhealthy(String),
     /// A CubeCL server call inside the window failed.
-    #[error("server error inside the capture window: {0}")]
-    Server(String),
+    #[error("server error inside the capture window")]
+    Server(#[source] ServerError),
+    /// A copy, GEMM or collective would reach past the end of a buffer it was given.
+    #[error("{what} reaches {reach} bytes of a buffer of {size}")]
+    OutOfBounds {
+        /// The operation and operand.
+        what: &'static str,
+        /// Bytes it would reach.
+        reach: u64,
+        /// Bytes the buffer holds.
+        size: u64,
+    },
     /// A driver call failed.
     #[error("CUDA driver call `{call}` failed: {error}")]
     Driver {

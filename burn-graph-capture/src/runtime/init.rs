@@ -13,6 +13,7 @@ use super::{
     server::CudaGraphServer,
     storage::{GpuStorage, PinnedStorage, pinned::PINNED_ALIGNMENT},
     stream::ServerStream,
+    window::Window,
 };
 use cubecl_common::device::{DeviceId, DeviceService, ServerUtilitiesHandle};
 use cubecl_core::{MemoryConfiguration, ir::MemoryDeviceProperties, server::ServerUtilities};
@@ -128,7 +129,7 @@ pub fn try_init_server(device_id: DeviceId) -> Result<CudaGraphServer, InitError
         arena,
         graph_pools: Default::default(),
         memory_props: mem_props.clone(),
-        window: None,
+        window: Window::Closed,
         pinned,
         drop_queue: PendingDropQueue::default(),
         errors: Vec::new(),

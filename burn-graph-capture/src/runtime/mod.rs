@@ -11,15 +11,18 @@
 //! - [`properties`]: which compute capability enables which CubeCL feature;
 //! - `init`: builds a server (context, stream, pools, compiler);
 //! - `server`: the `ComputeServer` (`server/mod.rs`), its kernel launches (`launch`), the
-//!   stream's staging, reads and binding resolution (`stream_io`) and the capture API
-//!   (`graphs`: windows, replays, releases, the arena, device copies);
+//!   stream's staging, reads and binding resolution (`stream_io`), the capture API
+//!   (`graphs`: windows, replays, releases, the arena, device copies) and other threads'
+//!   work held while a window is open (`deferred`);
 //! - `stream`: the one CUDA stream every `StreamId` maps to;
 //! - `storage`: device and pinned pages for the pools;
 //! - `compile`: NVRTC compilation and the kernel cache; `source_kernel`: kernels written
 //!   in CUDA C (the persistent LSTM recurrence), compiled and launched like CubeCL's;
 //! - `copy`: host↔device copies; `fence`: host-waitable stream points;
-//! - [`capture`]: capture windows, graph retention, replay and release;
-//! - `deferred`: other threads' work held while a window is open;
+//! - [`window`]: a capture window's life (closed, recording, broken), what it retains,
+//!   the graphs it leaves (data only: it imports nothing from the server);
+//! - [`client`]: what callers run on a device's server: capture begin/end, replays and
+//!   releases through [`CudaGraphHandle`], tasks in queue order;
 //! - [`fault`]: failures injected at each stage of a graph's life (tests, feature
 //!   `fault-injection`);
 //! - [`arena`]: the pool of pinned tensors (fixed addresses);
@@ -27,8 +30,8 @@
 //! - [`error`]: typed errors.
 //!
 //! How capture fits the eager parts:
-//! - stream mapping: `StreamMap::resolve` is the single place a `StreamId` becomes a CUDA
-//!   stream; a window begins/ends capture on that one stream (no cross-stream waits exist);
+//! - one stream: the server holds one `ServerStream`, and every `StreamId`'s work runs on
+//!   it; a window begins/ends capture on that one stream (no cross-stream waits exist);
 //! - frees: `GpuStorage::hold_frees` keeps page frees queued while a window is open, and the
 //!   drop queue is not flushed inside a window;
 //! - allocations: both storages refuse new pages inside a window;
@@ -39,10 +42,9 @@
 
 pub mod arena;
 pub mod blas;
-pub mod capture;
+pub mod client;
 mod compile;
 mod copy;
-mod deferred;
 pub mod device;
 mod environment;
 pub mod error;
@@ -57,10 +59,11 @@ mod server;
 mod source_kernel;
 mod storage;
 mod stream;
+pub mod window;
 
-pub use capture::{
-    CudaGraphHandle, GraphInfo, capture_begin, capture_begin_in_pool, capture_end,
-    submit_to_server, with_server,
+pub use client::{
+    CudaGraphHandle, capture_begin, capture_begin_in_pool, capture_end, submit_to_server,
+    try_with_server, with_server,
 };
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
@@ -70,6 +73,7 @@ pub use graph_pool::capture_stream;
 pub use server::{CollectiveOperand, CudaGraphServer};
 pub use source_kernel::SourceKernel;
 pub use storage::GpuResource;
+pub use window::GraphInfo;
 
 use cubecl_common::device::Device;
 use cubecl_core::{

@@ -17,24 +17,6 @@ use cubecl_runtime::kernel::{CompiledKernel, KernelMetadata};
 
 use super::compile::CudaGraphCompiler;
 
-/// Names of source kernels that must run as cooperative launches (all blocks resident at
-/// once), which `launch_on` looks for.
-const COOPERATIVE_PREFIX: &str = "cooperative::";
-
-/// Environment variable that turns cooperative launches off (`off`): the kernels then go
-/// through `cuLaunchKernel`, whose grid the driver does not promise to start together (a
-/// workaround for a driver that refuses to capture cooperative launches; the grids are
-/// sized to one block per SM, which an idle device holds).
-const COOPERATIVE_VAR: &str = "BURN_GRAPH_CAPTURE_COOPERATIVE";
-
-/// Whether the kernel named `name` is launched cooperatively.
-pub(crate) fn is_cooperative(name: &str) -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled = *ENABLED
-        .get_or_init(|| std::env::var(COOPERATIVE_VAR).map_or(true, |value| value.trim() != "off"));
-    enabled && name.starts_with(COOPERATIVE_PREFIX)
-}
-
 /// A CUDA C kernel with its launch shape.
 #[derive(Debug)]
 pub struct SourceKernel {
@@ -110,8 +92,12 @@ mod tests {
 
     #[test]
     fn cooperative_kernels_are_known_by_name() {
-        assert!(is_cooperative("cooperative::lstm_persistent_forward"));
-        assert!(!is_cooperative("lstm_persistent_forward"));
+        assert!(super::super::compile::is_cooperative(
+            "cooperative::lstm_persistent_forward"
+        ));
+        assert!(!super::super::compile::is_cooperative(
+            "lstm_persistent_forward"
+        ));
     }
 
     #[test]

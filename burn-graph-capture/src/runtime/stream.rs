@@ -2,17 +2,17 @@
 //!
 //! CubeCL tags every call with the caller's `StreamId` (one per thread). Stock
 //! cubecl-cuda maps those onto several CUDA streams and synchronises them with events and
-//! a GC thread. This runtime maps **every** `StreamId` onto one CUDA stream
-//! ([`StreamMap::resolve`] is the one place that mapping lives), so ordering is program
+//! a GC thread. This runtime runs **every** `StreamId`'s work on one CUDA stream (the
+//! server holds one `ServerStream`; stream ids only choose pools), so ordering is program
 //! order, there are no cross-stream waits, and a later capture window sees all work of the
 //! step on the stream it captures (ARCHITECTURE.md, hazards).
 
 use super::{
     arena::is_arena,
-    capture::CaptureWindow,
     fence::Fence,
     graph_pool::GraphPools,
     storage::{GpuResource, GpuStorage, PinnedStorage},
+    window::Window,
 };
 use cubecl_common::bytes::Bytes;
 use cubecl_common::stream_id::StreamId;
@@ -34,8 +34,8 @@ pub struct ServerStream {
     pub graph_pools: GraphPools,
     /// Page size and alignment of device pools, for new graph pools.
     pub memory_props: MemoryDeviceProperties,
-    /// The open capture window, if any (see `capture.rs`).
-    pub window: Option<CaptureWindow>,
+    /// The capture window's state (see `window.rs`).
+    pub window: Window,
     /// Pinned host pools (staging for reads and writes).
     pub pinned: MemoryManagement<PinnedStorage>,
     /// Host buffers that in-flight copies still read, released after a fence.
@@ -74,7 +74,7 @@ impl ServerStream {
     /// graph's lifetime (I1), unless it lives in the window's private pool: the graph owns
     /// that pool whole, so its bindings need no retention of their own.
     pub fn keep_for_window(&mut self, binding: Binding, slice: &GpuResource) {
-        if let Some(window) = &mut self.window
+        if let Some(window) = self.window.open_window_mut()
             && window.pool.as_ref() != Some(&binding.stream)
         {
             window.retention.keep(binding, slice.ptr, slice.size);
@@ -83,13 +83,13 @@ impl ServerStream {
 
     /// Whether a capture window is open.
     pub fn capturing(&self) -> bool {
-        self.window.is_some()
+        self.window.is_open()
     }
 
     /// Releases a staging buffer that queued copies read: into the open window's retention
     /// (the graph reads it on every replay), else into the drop queue (freed after a fence).
     pub fn release_staging(&mut self, bytes: Bytes) {
-        match &mut self.window {
+        match self.window.open_window_mut() {
             Some(window) => window.retention.keep_staging(bytes),
             None => self.drop_queue.push(bytes),
         }
@@ -102,22 +102,5 @@ impl ServerStream {
             let stream = self.stream.clone();
             self.drop_queue.flush(|| Fence::record(&stream));
         }
-    }
-}
-
-/// Maps CubeCL stream ids onto the server's CUDA stream.
-#[derive(Debug)]
-pub struct StreamMap {
-    stream: ServerStream,
-}
-
-impl StreamMap {
-    pub fn new(stream: ServerStream) -> Self {
-        Self { stream }
-    }
-
-    /// The CUDA stream that work tagged `stream_id` runs on: always the same one.
-    pub fn resolve(&mut self, _stream_id: StreamId) -> &mut ServerStream {
-        &mut self.stream
     }
 }

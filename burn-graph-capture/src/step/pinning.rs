@@ -13,7 +13,8 @@ use burn_backend::tensor::FloatTensor;
 
 use super::learner::retie;
 use crate::backend::{
-    Allocated, AllocationId, AnyTensor, BufferId, GraphBackend, GraphError, TrainBackend,
+    Allocated, AllocationId, AnyTensor, BufferId, CopyMismatch, GraphBackend, GraphError,
+    TrainBackend,
 };
 use crate::optim::{CapturableOptimizer, StateSlot};
 
@@ -91,9 +92,10 @@ impl<G: GraphBackend> Pinned<G> {
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
         for (id, tensor) in parameters::<G, M>(&model) {
-            let pinned = self.params.get(&id).ok_or_else(|| {
-                GraphError::CopyMismatch(format!("parameter {id} was not pinned"))
-            })?;
+            let pinned = self
+                .params
+                .get(&id)
+                .ok_or_else(|| GraphError::from(CopyMismatch::NotPinned(id.to_string())))?;
             write_pinned::<G>(pinned, &tensor)?;
         }
         let mut index = 0;
@@ -101,7 +103,7 @@ impl<G: GraphBackend> Pinned<G> {
         optimizer.visit_state(&mut |_, tensor| {
             let copied = match self.state.get(index) {
                 Some(pinned) => write_pinned::<G>(pinned, &primitive(tensor)),
-                None => Err(GraphError::CopyMismatch("optimizer state grew".into())),
+                None => Err(CopyMismatch::StateGrew.into()),
             };
             if result.is_ok() {
                 result = copied;
@@ -157,9 +159,7 @@ impl<G: GraphBackend> Pinned<G> {
 fn pin_float<G: GraphBackend>(tensor: FloatTensor<G>) -> Result<FloatTensor<G>, GraphError> {
     G::pin(AnyTensor::Float(tensor))?
         .into_float()
-        .ok_or_else(|| {
-            GraphError::CopyMismatch("pinning a float tensor returned another kind".into())
-        })
+        .ok_or_else(|| CopyMismatch::PinChangedKind("float".into()).into())
 }
 
 /// Copies `src` into the pinned `dst`, unless `src` already is that buffer (the

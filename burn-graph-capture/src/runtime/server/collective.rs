@@ -41,14 +41,11 @@ impl CudaGraphServer {
         if let Some(comm) = self.comms.get(&key) {
             return Ok(comm.clone());
         }
-        if self.main_stream().capturing() {
+        if self.stream.capturing() {
             return Err(CaptureError::Unsupported("joining an NCCL communicator"));
         }
         // NCCL work must not overlap a communicator's creation on this stream.
-        self.main_stream()
-            .fence()
-            .wait()
-            .map_err(capture_server_err)?;
+        self.stream.fence().wait().map_err(capture_server_err)?;
         let comm = Arc::new(Communicator::init(&id, rank, world)?);
         self.comms.insert(key, comm.clone());
         Ok(comm)
@@ -60,8 +57,8 @@ impl CudaGraphServer {
         let Some(comm) = self.comms.remove(&key) else {
             return;
         };
-        if self.bind_context().is_ok() && !self.main_stream().capturing() {
-            let _ = self.main_stream().fence().wait();
+        if self.bind_context().is_ok() && !self.stream.capturing() {
+            let _ = self.stream.fence().wait();
         }
         comm.close();
     }
@@ -107,8 +104,8 @@ impl CudaGraphServer {
                 call: "queue",
                 detail: format!("no communicator {key} on this device (the rank did not join)"),
             })?;
-        let stream = self.main_stream();
-        if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+        let stream = &mut self.stream;
+        if stream.window.is_broken() {
             return Ok(());
         }
         let mut transfers = Vec::with_capacity(operands.len());
@@ -121,10 +118,11 @@ impl CudaGraphServer {
                     .resource(binding.clone())
                     .map_err(|err| capture_server_err(err.into()))?;
                 if slice.size < bytes {
-                    return Err(CaptureError::Server(format!(
-                        "a collective's buffer of {} bytes where it reaches {bytes}",
-                        slice.size
-                    )));
+                    return Err(CaptureError::OutOfBounds {
+                        what: "a collective's buffer",
+                        reach: bytes,
+                        size: slice.size,
+                    });
                 }
                 *ptr = slice.ptr;
                 kept.push((binding, slice));
@@ -135,23 +133,19 @@ impl CudaGraphServer {
                 count: operand.count,
             });
         }
-        let stream = self.streams.resolve(caller);
+        let stream = &mut self.stream;
         // SAFETY: each address starts a live pool or arena slice of at least `count`
         // fp32 values (checked above), kept alive until the stream has run the group
         // (inside a window, with the graph: below).
         let queued = unsafe { comm.queue(op, &transfers, stream.stream.cu_stream()) };
         if let Err(err) = queued {
-            if let Some(window) = &mut stream.window {
-                window.break_with(err.clone());
-            }
+            stream.window.break_with(err.clone());
             return Err(err);
         }
         for (binding, slice) in kept {
             stream.keep_for_window(binding, &slice);
         }
-        if let Some(window) = &mut stream.window {
-            window.launches += 1;
-        }
+        stream.window.count_launch();
         Ok(())
     }
 

@@ -17,7 +17,7 @@ impl CudaGraphServer {
         if self.blas.is_some() || !super::super::blas::enabled() {
             return;
         }
-        let stream = self.main_stream();
+        let stream = &mut self.stream;
         if stream.capturing() {
             return;
         }
@@ -49,10 +49,10 @@ impl CudaGraphServer {
     pub fn timing_event(&mut self) -> Result<Option<CudaEvent>, CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
         let caller = StreamId::current();
-        if self.holds(caller) || self.streams.resolve(caller).capturing() {
+        if self.holds(caller) || self.stream.capturing() {
             return Ok(None);
         }
-        let stream = &self.streams.resolve(caller).stream;
+        let stream = &self.stream.stream;
         stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map(Some)
@@ -92,8 +92,8 @@ impl CudaGraphServer {
             });
             return Ok(());
         }
-        let stream = self.main_stream();
-        if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+        let stream = &mut self.stream;
+        if stream.window.is_broken() {
             return Ok(());
         }
         let mut slices = Vec::with_capacity(3);
@@ -103,33 +103,30 @@ impl CudaGraphServer {
                 .map_err(|err| capture_server_err(err.into()))?;
             let bytes = extent * size_of::<f32>() as u64;
             if slice.size < bytes {
-                return Err(CaptureError::Server(format!(
-                    "a GEMM operand of {} bytes where the GEMM reaches {bytes}",
-                    slice.size
-                )));
+                return Err(CaptureError::OutOfBounds {
+                    what: "a GEMM operand",
+                    reach: bytes,
+                    size: slice.size,
+                });
             }
             slices.push(slice);
         }
         let Some(Ok(blas)) = &self.blas else {
             unreachable!("checked above");
         };
-        let stream = self.streams.resolve(caller);
+        let stream = &mut self.stream;
         // SAFETY: each pointer starts a live pool or arena slice holding at least the
         // elements the GEMM reaches (checked above); the slices stay alive until the stream
         // has run the GEMM (inside a window they are retained with the graph below).
         let queued = unsafe { blas.sgemm(&gemm, slices[0].ptr, slices[1].ptr, slices[2].ptr) };
         if let Err(err) = queued {
-            if let Some(window) = &mut stream.window {
-                window.break_with(err.clone());
-            }
+            stream.window.break_with(err.clone());
             return Err(err);
         }
         for (binding, slice) in operands.into_iter().zip(&slices) {
             stream.keep_for_window(binding, slice);
         }
-        if let Some(window) = &mut stream.window {
-            window.launches += 1;
-        }
+        stream.window.count_launch();
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! The capture API of the server: windows, replays, graph release, the arena and device
-//! copies (see `capture.rs`, `graph_pool.rs` and `arena.rs` for what each keeps).
+//! copies (see `window.rs`, `graph_pool.rs` and `arena.rs` for what each keeps).
 
 use super::*;
 
@@ -56,23 +56,19 @@ impl ServerStream {
 }
 
 pub(super) fn capture_server_err(err: ServerError) -> CaptureError {
-    CaptureError::Server(err.to_string())
+    CaptureError::Server(err)
 }
 
-/// Capture windows, replay and the arena (see `capture.rs` and `arena.rs`). Reached from
+/// Capture windows, replay and the arena (see `window.rs` and `arena.rs`). Reached from
 /// outside through `DeviceHandle::<CudaGraphServer>::submit_blocking`, so every call is
 /// ordered with the kernels and copies queued before it.
 impl CudaGraphServer {
-    pub(super) fn main_stream(&mut self) -> &mut ServerStream {
-        self.streams.resolve(StreamId::current())
-    }
-
     /// Whether a capture window is open.
     pub fn is_capturing(&mut self) -> bool {
-        self.main_stream().capturing()
+        self.stream.capturing()
     }
 
-    /// Opens a capture window on the stream (THREAD_LOCAL mode; see `capture.rs`).
+    /// Opens a capture window on the stream (THREAD_LOCAL mode; see `window.rs`).
     ///
     /// Deferred host work (drop queue, page frees) is settled first, outside the window.
     ///
@@ -80,21 +76,21 @@ impl CudaGraphServer {
     /// stream (see `graph_pool.rs`); the caller runs the step under it.
     pub fn capture_begin(&mut self, pool: Option<StreamId>) -> Result<(), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
-        if let Some(window) = &self.main_stream().window {
-            return Err(if window.owner == Some(StreamId::current()) {
+        if let Some(window) = self.stream.window.open_window() {
+            return Err(if window.owner == StreamId::current() {
                 CaptureError::AlreadyCapturing
             } else {
                 CaptureError::WindowBusy
             });
         }
-        let errors = self.take_errors(StreamId::current());
+        let errors = self.take_errors();
         if !errors.is_empty() {
             return Err(CaptureError::StreamUnhealthy(format!("{errors:?}")));
         }
         // Steps that reach cuBLAS only inside the window find its handle made.
         self.prepare_blas();
         let logger = self.logger.clone();
-        let stream = self.main_stream();
+        let stream = &mut self.stream;
         let cuda_stream = stream.stream.clone();
         stream.drop_queue.flush(|| Fence::record(&cuda_stream));
         stream.gpu.storage().flush();
@@ -123,11 +119,7 @@ impl CudaGraphServer {
             }
             return Err(CaptureError::driver("cuStreamBeginCapture", err));
         }
-        stream.window = Some(CaptureWindow {
-            pool,
-            owner: Some(StreamId::current()),
-            ..CaptureWindow::default()
-        });
+        stream.window.open(StreamId::current(), pool);
         Ok(())
     }
 
@@ -149,8 +141,8 @@ impl CudaGraphServer {
     /// Ends the capture and instantiates what it recorded (see [`Self::capture_end`]).
     fn close_window(&mut self) -> Result<(u64, GraphInfo), CaptureError> {
         self.bind_context().map_err(capture_server_err)?;
-        let stream = self.main_stream();
-        let Some(mut window) = stream.window.take() else {
+        let stream = &mut self.stream;
+        let Some((mut window, broken)) = stream.window.close() else {
             return Err(CaptureError::NotCapturing);
         };
         let ended = stream.stream.end_capture(CUgraphInstantiate_flags(0));
@@ -160,7 +152,7 @@ impl CudaGraphServer {
             ended => ended,
         };
         stream.set_window_flags(window.pool, false);
-        let graph = match (window.broken.take(), ended) {
+        let graph = match (broken, ended) {
             (Some(err), _) => Err(err),
             (None, Err(err)) => Err(CaptureError::driver(
                 "cuStreamEndCapture/cuGraphInstantiate",
@@ -234,7 +226,7 @@ impl CudaGraphServer {
             });
             return Ok(());
         }
-        if self.main_stream().capturing() {
+        if self.stream.capturing() {
             return Err(CaptureError::Unsupported("replaying a graph"));
         }
         let graph = self.graphs.get(&id).ok_or(CaptureError::UnknownGraph(id))?;
@@ -259,8 +251,8 @@ impl CudaGraphServer {
         let Some(graph) = self.graphs.remove(&id) else {
             return;
         };
-        let stream = self.main_stream();
-        match &mut stream.window {
+        let stream = &mut self.stream;
+        match stream.window.open_window_mut() {
             Some(window) => window.deferred_releases.push(graph),
             None => stream.release_now(graph),
         }
@@ -282,12 +274,12 @@ impl CudaGraphServer {
     /// Device bytes reserved by graphs' private pools (live graphs, and retired pools that
     /// still have handles).
     pub fn graph_pool_bytes(&mut self) -> u64 {
-        self.main_stream().graph_pools.total_reserved_bytes()
+        self.stream.graph_pools.total_reserved_bytes()
     }
 
     /// Number of graph pools alive.
     pub fn graph_pool_count(&mut self) -> usize {
-        self.main_stream().graph_pools.len()
+        self.stream.graph_pools.len()
     }
 
     /// What each live graph recorded and retains, for reports (read-only).
@@ -301,14 +293,13 @@ impl CudaGraphServer {
         self.bind_context().map_err(capture_server_err)?;
         // Another thread's window may be open: an allocation queues no stream work.
         let recording = !self.holds(StreamId::current());
-        let stream = self.main_stream();
+        let stream = &mut self.stream;
         if recording && stream.capturing() {
             return Err(CaptureError::Unsupported("allocating in the arena"));
         }
         if fault::trip(FaultStage::Pin) {
-            return Err(CaptureError::Server(format!(
-                "injected: the arena could not allocate {size} bytes"
-            )));
+            let injected = server_err("cuMemAlloc", fault::injected_driver_error());
+            return Err(capture_server_err(injected));
         }
         let handle = Handle::new(super::super::arena::ARENA_STREAM, size);
         let reserved = stream
@@ -325,12 +316,12 @@ impl CudaGraphServer {
 
     /// Memory of the normal device pools (what `memory_usage` reports).
     pub fn pool_usage(&mut self) -> MemoryUsage {
-        self.main_stream().gpu.memory_usage()
+        self.stream.gpu.memory_usage()
     }
 
     /// Memory held by the arena.
     pub fn arena_usage(&mut self) -> MemoryUsage {
-        self.main_stream().arena.memory_usage()
+        self.stream.arena.memory_usage()
     }
 
     /// Queues a device-to-device copy of `bytes` bytes from `src` to `dst`
@@ -344,8 +335,8 @@ impl CudaGraphServer {
         self.bind_context().map_err(capture_server_err)?;
         let caller = StreamId::current();
         let held = self.holds(caller);
-        let stream = self.main_stream();
-        if !held && matches!(&stream.window, Some(window) if window.broken.is_some()) {
+        let stream = &mut self.stream;
+        if !held && stream.window.is_broken() {
             return Ok(());
         }
         let from = stream
@@ -355,19 +346,20 @@ impl CudaGraphServer {
             .resource(dst.clone())
             .map_err(|err| capture_server_err(err.into()))?;
         if from.size < bytes || to.size < bytes {
-            return Err(CaptureError::Server(format!(
-                "device copy of {bytes} bytes between buffers of {} and {} bytes",
-                from.size, to.size
-            )));
+            return Err(CaptureError::OutOfBounds {
+                what: "a device copy",
+                reach: bytes,
+                size: from.size.min(to.size),
+            });
         }
         if bytes == 0 {
             return Ok(());
         }
         if !held && stream.capturing() && fault::trip(FaultStage::CopyBack) {
-            self.break_window(
-                caller,
-                CaptureError::Server("injected: a recorded device copy failed".into()),
-            );
+            self.break_window(CaptureError::driver(
+                "cuMemcpyDtoDAsync",
+                fault::injected_driver_error(),
+            ));
             return Ok(());
         }
         if held {
@@ -379,7 +371,7 @@ impl CudaGraphServer {
             });
             return Ok(());
         }
-        let stream = self.main_stream();
+        let stream = &mut self.stream;
         // SAFETY: both slices are live pool/arena slices of at least `bytes` bytes; inside a
         // window both are retained with the graph, outside it the stream orders the copy
         // before any later reuse of either slice.
@@ -388,9 +380,7 @@ impl CudaGraphServer {
         };
         if let Err(err) = copied {
             let err = CaptureError::driver("cuMemcpyDtoDAsync", err);
-            if let Some(window) = &mut stream.window {
-                window.break_with(err.clone());
-            }
+            stream.window.break_with(err.clone());
             return Err(err);
         }
         stream.keep_for_window(src, &from);
@@ -404,7 +394,7 @@ impl CudaGraphServer {
         self.bind_context().map_err(capture_server_err)?;
         binding.offset_start = None;
         binding.offset_end = None;
-        let stream = self.main_stream();
+        let stream = &mut self.stream;
         stream
             .resource(binding)
             .map(|slice| slice.ptr)

@@ -2,6 +2,7 @@
 //! launch's metadata, launch on the stream.
 
 use super::*;
+use crate::runtime::window::Window;
 
 impl CudaGraphServer {
     pub(super) fn launch_checked(
@@ -10,7 +11,6 @@ impl CudaGraphServer {
         count: CubeCount,
         args: KernelArguments,
         mode: ExecutionMode,
-        stream_id: StreamId,
     ) -> Result<(), ServerError> {
         self.bind_context()?;
         if !args.tensor_maps.is_empty() {
@@ -24,27 +24,27 @@ impl CudaGraphServer {
         kernel_id.mode(mode);
         let grid_constants = self.kernels.grid_constants();
 
-        let capturing = match &self.streams.resolve(stream_id).window {
+        let capturing = match &self.stream.window {
             // A broken window records nothing more; `capture_end` reports why.
-            Some(window) if window.broken.is_some() => return Ok(()),
-            Some(_) => true,
-            None => false,
+            Window::Broken(..) => return Ok(()),
+            Window::Recording(_) => true,
+            Window::Closed => false,
         };
         if capturing {
             if !self.kernels.contains(&kernel_id) {
                 let name = kernel.name().to_string();
-                self.break_window(stream_id, CaptureError::FirstCompile(name));
+                self.break_window(CaptureError::FirstCompile(name));
                 return Ok(());
             }
             if matches!(count, CubeCount::Dynamic(_)) {
-                self.break_window(stream_id, CaptureError::HostSync("dynamic cube count"));
+                self.break_window(CaptureError::HostSync("dynamic cube count"));
                 return Ok(());
             }
         }
 
         let grid = match count {
             CubeCount::Static(x, y, z) => (x, y, z),
-            CubeCount::Dynamic(binding) => self.read_cube_count(binding, stream_id)?,
+            CubeCount::Dynamic(binding) => self.read_cube_count(binding)?,
         };
         // Which kernel ran, for diffing two runs' launch sequences (autotune benchmarks
         // show as `profiling`).
@@ -57,7 +57,7 @@ impl CudaGraphServer {
             capturing,
         );
 
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         let info = &args.info;
         // With grid constants, static metadata and scalars go by value and only the
         // dynamic tail is uploaded; otherwise the whole block is uploaded.
@@ -99,10 +99,8 @@ impl CudaGraphServer {
         // `metadata` may drop now: the pools reuse it only for later stream work (inside a
         // window the retention list above keeps it).
         drop(metadata);
-        if launched.is_ok()
-            && let Some(window) = &mut stream.window
-        {
-            window.launches += 1;
+        if launched.is_ok() {
+            stream.window.count_launch();
         }
         stream.maybe_flush_drop_queue();
 
@@ -119,10 +117,9 @@ impl CudaGraphServer {
     pub(super) fn read_cube_count(
         &mut self,
         binding: Binding,
-        stream_id: StreamId,
     ) -> Result<(u32, u32, u32), ServerError> {
         let descriptor = CopyDescriptor::new(binding, [3].into(), [1].into(), 4);
-        let bytes = future::block_on(self.read_now(vec![descriptor], stream_id))?;
+        let bytes = future::block_on(self.read_now(vec![descriptor]))?;
         // (never inside a window: `launch_checked` refuses dynamic counts there)
         let data = bytes.first().map(|b| &b[..]).unwrap_or(&[]);
         if data.len() < 12 {

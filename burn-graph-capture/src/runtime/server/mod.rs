@@ -1,7 +1,7 @@
 //! `CudaGraphServer`: the CubeCL `ComputeServer` of this runtime.
 //!
-//! One server per device runs on CubeCL's device worker thread. It owns the CUDA stream
-//! (through [`StreamMap`]), the memory pools, the kernel cache and the profiler. Every
+//! One server per device runs on CubeCL's device worker thread. It owns the one CUDA
+//! stream with its memory pools (`ServerStream`), the kernel cache and the profiler. Every
 //! trait entry point binds the primary context to the calling thread first, because
 //! cudarc's raw `result` calls (launch, copies, stream-ordered allocation) do not.
 //!
@@ -13,14 +13,13 @@
 use super::fault::{self, FaultStage};
 use super::{
     blas::{Blas, Gemm},
-    capture::{CaptureWindow, CapturedGraph, GraphInfo},
     compile::{CudaGraphCompiler, KernelCache},
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
-    deferred::{Deferred, after_window},
     error::{CaptureError, capture_as_server_err, launch_err, server_err},
     fence::Fence,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
-    stream::{ServerStream, StreamMap},
+    stream::ServerStream,
+    window::{CapturedGraph, GraphInfo},
 };
 use cubecl_common::{
     backtrace::BackTrace,
@@ -48,9 +47,11 @@ use cudarc::driver::{
     CudaContext, result,
     sys::{CUgraphInstantiate_flags, CUstreamCaptureMode},
 };
+use deferred::{Deferred, after_window};
 use std::{collections::HashMap, ffi::c_void, sync::Arc};
 
 mod collective;
+mod deferred;
 pub use collective::CollectiveOperand;
 mod gemm;
 mod graphs;
@@ -61,12 +62,13 @@ mod stream_io;
 #[derive(Debug)]
 pub struct CudaGraphServer {
     ctx: Arc<CudaContext>,
-    streams: StreamMap,
+    /// The one stream every `StreamId`'s work runs on (see `stream.rs`).
+    stream: ServerStream,
     kernels: KernelCache,
     timestamps: TimestampProfiler,
     logger: Arc<ServerLogger>,
     utilities: Arc<ServerUtilities<Self>>,
-    /// Instantiated graphs by id, with what each retains (see `capture.rs`).
+    /// Instantiated graphs by id, with what each retains (see `window.rs`).
     graphs: HashMap<u64, CapturedGraph>,
     next_graph: u64,
     /// Other streams' work held while a window is open (see `deferred.rs`).
@@ -86,7 +88,7 @@ impl CudaGraphServer {
     ) -> Self {
         Self {
             ctx,
-            streams: StreamMap::new(stream),
+            stream,
             kernels,
             timestamps: TimestampProfiler::default(),
             logger: utilities.logger.clone(),
@@ -104,16 +106,6 @@ impl CudaGraphServer {
         &self.ctx
     }
 
-    /// The server's stream state for `stream_id` (always the same CUDA stream).
-    pub fn stream(&mut self, stream_id: StreamId) -> &mut ServerStream {
-        self.streams.resolve(stream_id)
-    }
-
-    /// Number of kernels compiled by this server so far.
-    pub fn compiled_kernels(&self) -> usize {
-        self.kernels.compiled_count()
-    }
-
     fn bind_context(&self) -> Result<(), ServerError> {
         self.ctx
             .bind_to_thread()
@@ -123,7 +115,7 @@ impl CudaGraphServer {
     /// Whether a window is open that does not record `stream_id`'s work: that work is
     /// held until the window closes (see `deferred.rs`).
     fn holds(&mut self, stream_id: StreamId) -> bool {
-        matches!(&self.streams.resolve(stream_id).window, Some(window) if !window.records(stream_id))
+        self.stream.window.holds(stream_id)
     }
 
     /// Runs the work held during the window that just closed, in submission order, each
@@ -138,7 +130,7 @@ impl CudaGraphServer {
                     mode,
                     stream_id,
                 } => {
-                    if let Err(err) = self.launch_checked(kernel, count, args, mode, stream_id) {
+                    if let Err(err) = self.launch_checked(kernel, count, args, mode) {
                         self.park(stream_id, err);
                     }
                 }
@@ -197,8 +189,8 @@ impl CudaGraphServer {
 
     /// Takes the errors parked on the stream. When there were some, profiles in flight are
     /// marked wrong and the pools drop their free pages (as after any failure).
-    fn take_errors(&mut self, stream_id: StreamId) -> Vec<ServerError> {
-        let stream = self.streams.resolve(stream_id);
+    fn take_errors(&mut self) -> Vec<ServerError> {
+        let stream = &mut self.stream;
         let errors = core::mem::take(&mut stream.errors);
         if !errors.is_empty() {
             stream.gpu.cleanup(false);
@@ -212,9 +204,9 @@ impl CudaGraphServer {
 
     /// Binds the context and fails with the parked errors, if any: the entry for calls
     /// whose caller waits on the result (`read`, `sync`, `flush`).
-    fn enter_checked(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+    fn enter_checked(&mut self) -> Result<(), ServerError> {
         self.bind_context()?;
-        let errors = self.take_errors(stream_id);
+        let errors = self.take_errors();
         if errors.is_empty() {
             Ok(())
         } else {
@@ -228,38 +220,33 @@ impl CudaGraphServer {
     /// Parks an error of an asynchronous call on the stream; inside a capture window it
     /// breaks the window instead (the window reports it at `capture_end`).
     fn park(&mut self, stream_id: StreamId, error: ServerError) {
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         let refused = stream.gpu.storage().refused_bytes();
         let refused = refused.or(stream.arena.storage().refused_bytes());
-        let pool = stream.window.as_ref().and_then(|window| window.pool);
+        let pool = stream.window.open_window().and_then(|window| window.pool);
         let refused = refused.or_else(|| {
             let pool = stream.graph_pools.get_mut(&pool?)?;
             pool.storage().refused_bytes()
         });
-        match &mut stream.window {
-            Some(window) if window.records(stream_id) => window.break_with(match refused {
+        if stream.window.records(stream_id) {
+            stream.window.break_with(match refused {
                 Some(bytes) => CaptureError::NeedsAllocation { bytes },
-                None => CaptureError::Server(error.to_string()),
-            }),
-            _ => stream.errors.push(error),
+                None => CaptureError::Server(error),
+            });
+        } else {
+            stream.errors.push(error);
         }
     }
 
     /// Breaks the open window (if any) with `error`; returns whether one was open.
-    fn break_window(&mut self, stream_id: StreamId, error: CaptureError) -> bool {
-        match &mut self.streams.resolve(stream_id).window {
-            Some(window) => {
-                window.break_with(error);
-                true
-            }
-            None => false,
-        }
+    fn break_window(&mut self, error: CaptureError) -> bool {
+        self.stream.window.break_with(error)
     }
 
     /// Refuses a host synchronisation inside a window: breaks it and returns the error.
-    fn refuse_sync(&mut self, stream_id: StreamId, what: &'static str) -> Option<ServerError> {
+    fn refuse_sync(&mut self, what: &'static str) -> Option<ServerError> {
         let error = CaptureError::HostSync(what);
-        if !self.break_window(stream_id, error.clone()) {
+        if !self.break_window(error.clone()) {
             return None;
         }
         Some(capture_as_server_err(error))
@@ -268,9 +255,8 @@ impl CudaGraphServer {
     fn read_now(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
-        stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         let mut outputs = Vec::with_capacity(descriptors.len());
         let mut keep_alive = Vec::with_capacity(descriptors.len());
         for descriptor in descriptors {
@@ -309,7 +295,7 @@ impl ComputeServer for CudaGraphServer {
     fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
         self.bind_context()?;
         let held = self.holds(stream_id);
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         if held {
             // The write runs after the window: pinned if a free page has room, else
             // plain memory (new pinned pages are refused while the window is open).
@@ -328,12 +314,11 @@ impl ComputeServer for CudaGraphServer {
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
-        let recorded =
-            matches!(&self.streams.resolve(stream_id).window, Some(w) if w.records(stream_id));
+        let recorded = self.stream.window.records(stream_id);
         if recorded && fault::trip(FaultStage::WindowAllocation) {
-            self.break_window(stream_id, CaptureError::NeedsAllocation { bytes: size });
+            self.break_window(CaptureError::NeedsAllocation { bytes: size });
         }
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         let cursor = stream.tick();
         // Handles are created on the caller's stream, so `stream_id` names their pool.
         let pool = stream.pool_for(&stream_id);
@@ -359,13 +344,13 @@ impl ComputeServer for CudaGraphServer {
             });
             return after_window(wait);
         }
-        if let Some(err) = self.refuse_sync(stream_id, "read") {
+        if let Some(err) = self.refuse_sync("read") {
             return Box::pin(async move { Err(err) });
         }
-        if let Err(err) = self.enter_checked(stream_id) {
+        if let Err(err) = self.enter_checked() {
             return Box::pin(async move { Err(err) });
         }
-        self.read_now(descriptors, stream_id)
+        self.read_now(descriptors)
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
@@ -380,14 +365,14 @@ impl ComputeServer for CudaGraphServer {
             return self.park(stream_id, err);
         }
         for (descriptor, data) in descriptors {
-            let stream = self.streams.resolve(stream_id);
-            if matches!(&stream.window, Some(window) if window.broken.is_some()) {
+            let stream = &mut self.stream;
+            if stream.window.is_broken() {
                 return;
             }
             let written = (|| -> Result<(), IoError> {
                 let plan = plan_copy(&descriptor.shape, &descriptor.strides, descriptor.elem_size)?;
                 let target = stream.resource(descriptor.handle.clone())?;
-                if let Some(window) = &mut stream.window {
+                if let Some(window) = stream.window.open_window_mut() {
                     window
                         .retention
                         .keep(descriptor.handle, target.ptr, target.size);
@@ -444,18 +429,18 @@ impl ComputeServer for CudaGraphServer {
             });
             return;
         }
-        if let Err(err) = self.launch_checked(kernel, count, bindings, mode, stream_id) {
+        if let Err(err) = self.launch_checked(kernel, count, bindings, mode) {
             self.park(stream_id, err);
         }
     }
 
-    fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
-        if self.streams.resolve(stream_id).capturing() {
+    fn flush(&mut self, _stream_id: StreamId) -> Result<(), ServerError> {
+        if self.stream.capturing() {
             // Deferred: flushing waits on fences and frees pages (see `capture_end`).
             return Ok(());
         }
-        self.enter_checked(stream_id)?;
-        let stream = self.streams.resolve(stream_id);
+        self.enter_checked()?;
+        let stream = &mut self.stream;
         let cuda_stream = stream.stream.clone();
         stream.drop_queue.flush(|| Fence::record(&cuda_stream));
         stream.gpu.storage().flush();
@@ -468,37 +453,37 @@ impl ComputeServer for CudaGraphServer {
             self.deferred.push(Deferred::Sync { stream_id, reply });
             return after_window(wait);
         }
-        if let Some(err) = self.refuse_sync(stream_id, "sync") {
+        if let Some(err) = self.refuse_sync("sync") {
             return Box::pin(async move { Err(err) });
         }
-        if let Err(err) = self.enter_checked(stream_id) {
+        if let Err(err) = self.enter_checked() {
             return Box::pin(async move { Err(err) });
         }
-        let fence = self.streams.resolve(stream_id).fence();
+        let fence = self.stream.fence();
         Box::pin(async move { fence.wait() })
     }
 
     fn get_resource(
         &mut self,
         binding: Binding,
-        stream_id: StreamId,
+        _stream_id: StreamId,
     ) -> Result<ManagedResource<GpuResource>, ServerError> {
         self.bind_context()?;
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         let memory = binding.memory.clone();
         let resource = stream.resource(binding)?;
         Ok(ManagedResource::new(memory, resource))
     }
 
-    fn memory_usage(&mut self, stream_id: StreamId) -> Result<MemoryUsage, ServerError> {
-        Ok(self.streams.resolve(stream_id).gpu.memory_usage())
+    fn memory_usage(&mut self, _stream_id: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.stream.gpu.memory_usage())
     }
 
     fn memory_cleanup(&mut self, stream_id: StreamId) {
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
-        let stream = self.streams.resolve(stream_id);
+        let stream = &mut self.stream;
         if !stream.capturing() {
             stream.gpu.cleanup(true);
             stream.collect_graph_pools();
@@ -533,7 +518,7 @@ impl ComputeServer for CudaGraphServer {
         self.timestamps.stop(token)
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream_id: StreamId) {
-        self.streams.resolve(stream_id).gpu.mode(mode);
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, _stream_id: StreamId) {
+        self.stream.gpu.mode(mode);
     }
 }

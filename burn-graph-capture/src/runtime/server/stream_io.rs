@@ -28,9 +28,7 @@ impl ServerStream {
             Some(bytes) => Ok(bytes),
             None => {
                 let error = CaptureError::StagingExhausted { bytes: size as u64 };
-                if let Some(window) = &mut self.window {
-                    window.break_with(error.clone());
-                }
+                self.window.break_with(error.clone());
                 Err(capture_as_server_err(error))
             }
         }

@@ -16,10 +16,10 @@ use cubecl_core::{
 };
 use cubecl_runtime::server::ComputeServer;
 
-use super::blas::Gemm;
-use super::nccl::CollectiveOp;
-use super::server::CollectiveOperand;
-use super::server::CudaGraphServer;
+use super::CudaGraphServer;
+use super::collective::CollectiveOperand;
+use crate::runtime::blas::Gemm;
+use crate::runtime::nccl::CollectiveOp;
 
 /// A held call, with what it needs to run later.
 pub enum Deferred {

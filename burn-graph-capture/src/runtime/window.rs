@@ -1,4 +1,4 @@
-//! Capture windows, graph retention and replay.
+//! Capture windows: their life, what they retain, and the graphs they leave.
 //!
 //! A window records everything the server queues on its one stream into a CUDA graph
 //! (`cuStreamBeginCapture` in THREAD_LOCAL mode: only the server's worker thread records,
@@ -27,15 +27,11 @@
 //! while the graph lives, and eager work between replays cannot reuse the graph's
 //! intermediates (the cubecl#1612 failure).
 //!
-//! A graph lives in its server (CUDA graphs may not be used from two threads at once);
-//! callers hold a [`CudaGraphHandle`]. Replays go through the server's queue, so they are
-//! ordered with all other work. Dropping the handle releases the graph on the server: it
-//! waits for the stream to finish the graph's replays, then frees graph and retention.
+//! This module is data only: the server (`server/graphs.rs`) opens, breaks and closes
+//! windows; callers reach it through `client.rs`.
 
-use super::{device::CudaGraphDevice, error::CaptureError, server::CudaGraphServer};
-use cubecl_common::{
-    bytes::Bytes, device::Device, device_handle::DeviceHandle, stream_id::StreamId,
-};
+use super::error::CaptureError;
+use cubecl_common::{bytes::Bytes, stream_id::StreamId};
 use cubecl_core::server::Binding;
 use cudarc::driver::{CudaGraph, sys::CUdeviceptr};
 use std::collections::HashMap;
@@ -103,13 +99,103 @@ fn union_bytes(ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
     total
 }
 
-/// An open capture window.
+/// The life of a stream's capture window. `open` leads from `Closed` to `Recording`;
+/// the first error leads to `Broken`, which records nothing more and keeps that error for
+/// `capture_end`; `close` leads back to `Closed` from either.
 #[derive(Debug, Default)]
-pub struct CaptureWindow {
+pub enum Window {
+    /// No window: work runs eagerly.
+    #[default]
+    Closed,
+    /// Recording the owner's and the pool stream's work.
+    Recording(OpenWindow),
+    /// Broken by its first error: launches nothing more until it closes.
+    Broken(OpenWindow, CaptureError),
+}
+
+impl Window {
+    /// Opens a window owned by `owner`, with the private pool `pool` if any.
+    pub fn open(&mut self, owner: StreamId, pool: Option<StreamId>) {
+        debug_assert!(matches!(self, Window::Closed), "a window is already open");
+        *self = Window::Recording(OpenWindow::new(owner, pool));
+    }
+
+    /// Closes the window: what it held, and the error that broke it if one did.
+    pub fn close(&mut self) -> Option<(OpenWindow, Option<CaptureError>)> {
+        match std::mem::take(self) {
+            Window::Closed => None,
+            Window::Recording(window) => Some((window, None)),
+            Window::Broken(window, error) => Some((window, Some(error))),
+        }
+    }
+
+    /// Breaks an open window with `error`, keeping the first error; returns whether a
+    /// window was open.
+    pub fn break_with(&mut self, error: CaptureError) -> bool {
+        match std::mem::take(self) {
+            Window::Closed => false,
+            Window::Recording(window) => {
+                tracing::debug!("CudaGraphRuntime: capture window broken: {error}");
+                *self = Window::Broken(window, error);
+                true
+            }
+            broken @ Window::Broken(..) => {
+                *self = broken;
+                true
+            }
+        }
+    }
+
+    /// The open window, recording or broken.
+    pub fn open_window(&self) -> Option<&OpenWindow> {
+        match self {
+            Window::Closed => None,
+            Window::Recording(window) | Window::Broken(window, _) => Some(window),
+        }
+    }
+
+    /// The open window, recording or broken, to keep what its work uses.
+    pub fn open_window_mut(&mut self) -> Option<&mut OpenWindow> {
+        match self {
+            Window::Closed => None,
+            Window::Recording(window) | Window::Broken(window, _) => Some(window),
+        }
+    }
+
+    /// Whether a window is open (recording or broken).
+    pub fn is_open(&self) -> bool {
+        !matches!(self, Window::Closed)
+    }
+
+    /// Whether the open window is broken (it launches nothing more).
+    pub fn is_broken(&self) -> bool {
+        matches!(self, Window::Broken(..))
+    }
+
+    /// Whether an open window records work submitted under `stream_id`.
+    pub fn records(&self, stream_id: StreamId) -> bool {
+        self.open_window().is_some_and(|w| w.records(stream_id))
+    }
+
+    /// Whether an open window holds `stream_id`'s work until it closes (it does not
+    /// record it: `deferred.rs`).
+    pub fn holds(&self, stream_id: StreamId) -> bool {
+        self.open_window().is_some_and(|w| !w.records(stream_id))
+    }
+
+    /// Counts a launch the open window recorded.
+    pub fn count_launch(&mut self) {
+        if let Some(window) = self.open_window_mut() {
+            window.launches += 1;
+        }
+    }
+}
+
+/// What an open window holds.
+#[derive(Debug)]
+pub struct OpenWindow {
     /// What the recorded launches and copies use, kept for the graph's lifetime.
     pub retention: Retention,
-    /// The first error; once set the window records nothing more.
-    pub broken: Option<CaptureError>,
     /// Graphs released while the window was open (their release needs a host wait).
     pub deferred_releases: Vec<CapturedGraph>,
     /// Kernel launches recorded.
@@ -118,21 +204,23 @@ pub struct CaptureWindow {
     pub pool: Option<StreamId>,
     /// The stream that opened the window. The window records its work and the pool
     /// stream's; work of any other stream is held until it closes (`deferred.rs`).
-    pub owner: Option<StreamId>,
+    pub owner: StreamId,
 }
 
-impl CaptureWindow {
-    /// Whether the window records work submitted under `stream_id`.
-    pub fn records(&self, stream_id: StreamId) -> bool {
-        Some(stream_id) == self.owner || Some(stream_id) == self.pool
+impl OpenWindow {
+    fn new(owner: StreamId, pool: Option<StreamId>) -> Self {
+        Self {
+            retention: Retention::default(),
+            deferred_releases: Vec::new(),
+            launches: 0,
+            pool,
+            owner,
+        }
     }
 
-    /// Marks the window broken with `error`, keeping the first error.
-    pub fn break_with(&mut self, error: CaptureError) {
-        if self.broken.is_none() {
-            tracing::debug!("CudaGraphRuntime: capture window broken: {error}");
-            self.broken = Some(error);
-        }
+    /// Whether the window records work submitted under `stream_id`.
+    pub fn records(&self, stream_id: StreamId) -> bool {
+        stream_id == self.owner || Some(stream_id) == self.pool
     }
 }
 
@@ -193,119 +281,43 @@ pub struct GraphInfo {
     pub pool_bytes: u64,
 }
 
-/// Runs `task` on the server of `device`, in order with all work queued on it so far.
-pub fn with_server<R: Send>(
-    device: &CudaGraphDevice,
-    task: impl FnOnce(&mut CudaGraphServer) -> R + Send,
-) -> Result<R, CaptureError> {
-    DeviceHandle::<CudaGraphServer>::new(device.to_id())
-        .submit_blocking(task)
-        .map_err(|_| CaptureError::Unreachable)
-}
-
-/// Queues `task` on the server of `device`, in order with all work queued on it so far,
-/// without waiting for it (as kernel launches are queued).
-pub fn submit_to_server(
-    device: &CudaGraphDevice,
-    task: impl FnOnce(&mut CudaGraphServer) + Send + 'static,
-) {
-    DeviceHandle::<CudaGraphServer>::new(device.to_id()).submit(task);
-}
-
-/// Opens a capture window on `device`'s stream. Everything the window touches is
-/// retained from the launch that touches it.
-pub fn capture_begin(device: &CudaGraphDevice) -> Result<(), CaptureError> {
-    with_server(device, |server| server.capture_begin(None))?
-}
-
-/// Opens a capture window with a private pool serving the handles of `stream` (from
-/// [`capture_stream`](super::capture_stream)); run the recorded step under that stream
-/// (`stream.executes(..)`) so that its allocations land there and are reused within it.
-pub fn capture_begin_in_pool(
-    device: &CudaGraphDevice,
-    stream: StreamId,
-) -> Result<(), CaptureError> {
-    with_server(device, move |server| server.capture_begin(Some(stream)))?
-}
-
-/// Closes the window on `device` and instantiates what it recorded.
-pub fn capture_end(device: &CudaGraphDevice) -> Result<CudaGraphHandle, CaptureError> {
-    let (id, info) = with_server(device, |server| server.capture_end())??;
-    Ok(CudaGraphHandle {
-        device: *device,
-        id,
-        info,
-    })
-}
-
-/// A replayable graph held by its server. Dropping it releases the graph once the stream
-/// has finished with it.
-#[derive(Debug)]
-pub struct CudaGraphHandle {
-    device: CudaGraphDevice,
-    id: u64,
-    info: GraphInfo,
-}
-
-impl CudaGraphHandle {
-    /// Queues one replay on the stream (`cuGraphLaunch`), after all work queued so far.
-    pub fn replay(&self) -> Result<(), CaptureError> {
-        let id = self.id;
-        with_server(&self.device, move |server| server.replay(id))?
-    }
-
-    /// The server-side id of this graph.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The device the graph replays on.
-    pub fn device(&self) -> CudaGraphDevice {
-        self.device
-    }
-
-    /// What the graph recorded and retains.
-    pub fn info(&self) -> GraphInfo {
-        self.info
-    }
-}
-
-impl Drop for CudaGraphHandle {
-    fn drop(&mut self) {
-        let id = self.id;
-        // Queued behind this graph's replays; the server waits for them before freeing.
-        DeviceHandle::<CudaGraphServer>::new(self.device.to_id())
-            .submit(move |server| server.release_graph(id));
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{CaptureWindow, StreamId, union_bytes};
+    use super::{CaptureError, StreamId, Window, union_bytes};
 
     #[test]
     fn a_window_records_its_owner_and_pool_streams_only() {
         let owner = StreamId::current();
         let pool = crate::runtime::capture_stream();
         let other_thread = std::thread::spawn(StreamId::current).join().unwrap();
-        let window = CaptureWindow {
-            owner: Some(owner),
-            pool: Some(pool),
-            ..CaptureWindow::default()
-        };
+        let mut window = Window::default();
+        assert!(!window.records(owner) && !window.holds(owner), "closed");
+        window.open(owner, Some(pool));
         assert!(window.records(owner) && window.records(pool));
-        assert!(
-            !window.records(other_thread),
-            "another thread's work is held"
-        );
+        assert!(window.holds(other_thread), "another thread's work is held");
         assert!(!window.records(crate::runtime::capture_stream()));
-        let no_pool = CaptureWindow {
-            owner: Some(owner),
-            ..CaptureWindow::default()
-        };
+        let mut no_pool = Window::default();
+        no_pool.open(owner, None);
         assert!(no_pool.records(owner) && !no_pool.records(pool));
     }
 
+    #[test]
+    fn a_broken_window_keeps_its_first_error_until_closed() {
+        let mut window = Window::default();
+        assert!(
+            !window.break_with(CaptureError::NotCapturing),
+            "nothing open"
+        );
+        window.open(StreamId::current(), None);
+        window.count_launch();
+        assert!(window.break_with(CaptureError::FirstCompile("k".into())));
+        assert!(window.break_with(CaptureError::WindowBusy));
+        assert!(window.is_broken() && window.is_open());
+        let (held, error) = window.close().expect("open");
+        assert_eq!(held.launches, 1);
+        assert!(matches!(error, Some(CaptureError::FirstCompile(_))));
+        assert!(!window.is_open() && window.close().is_none());
+    }
     #[test]
     fn overlapping_views_count_once() {
         // A slice of 100 bytes and two views into it; a separate slice of 10.

@@ -1,0 +1,245 @@
+//! Why a graph operation failed: typed, serializable for reports, with sources.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use burn_backend::DType;
+use serde::{Deserialize, Serialize};
+
+/// A graph operation that could not be done. The step then runs eagerly.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum GraphError {
+    /// The backend cannot record or replay hardware graphs.
+    #[error("this backend has no hardware graphs")]
+    NoHardwareGraphs,
+    /// The backend has no arena to pin tensors into.
+    #[error("this backend has no arena for pinned tensors")]
+    NoArena,
+    /// Source and destination of a pinned copy are not the same kind of tensor.
+    #[error("pinned copy mismatch")]
+    CopyMismatch(#[from] CopyMismatch),
+    /// A copy into a pinned buffer whose values would lie otherwise there than in the
+    /// source (other strides). Kernels, and their rounding, follow strides
+    /// (`backend::layout`), so a pin must lie as what is written into it: the trainer
+    /// pins again as the values now lie, or runs the step eagerly.
+    #[error("layout differs: shape {shape:?} lies with strides {given:?}, its pin with {pinned:?}")]
+    LayoutDiffers {
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// The pinned buffer's strides, in elements.
+        pinned: Vec<usize>,
+        /// The source's strides, in elements.
+        given: Vec<usize>,
+    },
+    /// The step panicked while it was recorded (CubeCL's autotuner does when a kernel
+    /// meets its first tuning inside a window, where profiling is refused). The window
+    /// was closed and nothing recorded ran; the step runs eagerly instead.
+    #[error("the step panicked while it was recorded: {0}")]
+    CapturePanicked(String),
+    /// The driver or runtime refused a capture, instantiate or replay call.
+    #[error("graph runtime error ({kind:?})")]
+    Runtime {
+        /// What failed, for code that reacts to it.
+        kind: RuntimeFailure,
+        /// The runtime's own error.
+        #[source]
+        cause: RuntimeCause,
+    },
+}
+
+/// The kind of a runtime failure behind [`GraphError::Runtime`]: the runtime's typed
+/// error, reduced to what a report can serialize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RuntimeFailure {
+    /// A host synchronisation (read, sync, profiling) inside a window.
+    HostSync,
+    /// A window needed memory its pools could not serve without allocating.
+    NeedsAllocation,
+    /// A window ran out of pinned staging.
+    StagingExhausted,
+    /// A kernel was compiled for the first time inside a window.
+    FirstCompile,
+    /// An operation that cannot be recorded.
+    Unsupported,
+    /// A window was opened while one was open, or closed while none was.
+    WindowState,
+    /// Earlier asynchronous work had failed.
+    StreamUnhealthy,
+    /// A runtime server call failed.
+    Server,
+    /// A CUDA driver call failed.
+    Driver,
+    /// A cuBLAS call failed, or cuBLAS could not be loaded.
+    Blas,
+    /// An NCCL call failed, or NCCL could not be loaded.
+    Collective,
+    /// The graph is no longer known to the runtime.
+    UnknownGraph,
+    /// The device worker could not be reached.
+    Unreachable,
+}
+
+/// How the two sides of a pinned copy differ.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum CopyMismatch {
+    /// One side is a float tensor and the other an int tensor, say.
+    #[error("a {dst} tensor and a {src} tensor")]
+    Kind {
+        /// The destination's kind (`float`, `int`, `bool`).
+        dst: String,
+        /// The source's kind.
+        src: String,
+    },
+    /// Shapes or dtypes differ.
+    #[error("destination {dst_shape:?} {dst_dtype:?}, source {src_shape:?} {src_dtype:?}")]
+    Shape {
+        /// The destination's shape.
+        dst_shape: Vec<usize>,
+        /// The destination's dtype.
+        dst_dtype: DType,
+        /// The source's shape.
+        src_shape: Vec<usize>,
+        /// The source's dtype.
+        src_dtype: DType,
+    },
+    /// A parameter of the model has no pin (the model gained one since pinning).
+    #[error("parameter {0} was not pinned")]
+    NotPinned(String),
+    /// The optimizer holds more state tensors than were pinned.
+    #[error("the optimizer state grew")]
+    StateGrew,
+    /// Pinning returned a tensor of another kind than it was given.
+    #[error("pinning a {0} tensor returned another kind")]
+    PinChangedKind(String),
+}
+
+/// The runtime's own error behind [`GraphError::Runtime`]. Where this process made it,
+/// it is kept whole (reach it with [`RuntimeCause::downcast_ref`], e.g. to the CUDA
+/// runtime's `CaptureError` and its driver error); reports keep its text, which is all a
+/// deserialized cause has.
+#[derive(Clone)]
+pub struct RuntimeCause {
+    text: String,
+    error: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl RuntimeCause {
+    /// Keeps `error` as the cause.
+    pub fn new(error: impl Error + Send + Sync + 'static) -> Self {
+        Self {
+            text: error.to_string(),
+            error: Some(Arc::new(error)),
+        }
+    }
+
+    /// The runtime's error as `E`, if that is its type and this process made it.
+    pub fn downcast_ref<E: Error + 'static>(&self) -> Option<&E> {
+        self.error.as_deref()?.downcast_ref()
+    }
+}
+
+impl fmt::Display for RuntimeCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for RuntimeCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.error {
+            Some(error) => fmt::Debug::fmt(error, f),
+            None => f.debug_tuple("RuntimeCause").field(&self.text).finish(),
+        }
+    }
+}
+
+impl Error for RuntimeCause {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.error.as_deref()?.source()
+    }
+}
+
+/// Causes are equal when they read the same (a report's cause has only its text).
+impl PartialEq for RuntimeCause {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for RuntimeCause {}
+
+impl Serialize for RuntimeCause {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for RuntimeCause {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self {
+            text: String::deserialize(deserializer)?,
+            error: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner failure")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer failure")]
+    struct Outer(#[source] Inner);
+
+    #[test]
+    fn a_runtime_cause_keeps_the_error_and_its_chain() {
+        let err = GraphError::Runtime {
+            kind: RuntimeFailure::Driver,
+            cause: RuntimeCause::new(Outer(Inner)),
+        };
+        let cause = err.source().expect("a source");
+        assert_eq!(cause.to_string(), "outer failure");
+        assert_eq!(
+            cause.source().map(|s| s.to_string()).as_deref(),
+            Some("inner failure")
+        );
+        let GraphError::Runtime { cause, .. } = &err else {
+            unreachable!()
+        };
+        assert!(cause.downcast_ref::<Outer>().is_some());
+    }
+
+    #[test]
+    fn a_reported_cause_keeps_its_text() {
+        let err = GraphError::Runtime {
+            kind: RuntimeFailure::HostSync,
+            cause: RuntimeCause::new(Inner),
+        };
+        let json = serde_json::to_string(&err).unwrap();
+        let back: GraphError = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, err);
+        let GraphError::Runtime { cause, .. } = &back else {
+            unreachable!()
+        };
+        assert!(
+            cause.downcast_ref::<Inner>().is_none(),
+            "only the text travels"
+        );
+        assert_eq!(cause.to_string(), "inner failure");
+    }
+
+    #[test]
+    fn a_copy_mismatch_is_the_source_of_its_graph_error() {
+        let err = GraphError::from(CopyMismatch::StateGrew);
+        assert_eq!(err.to_string(), "pinned copy mismatch");
+        assert_eq!(
+            err.source().unwrap().to_string(),
+            "the optimizer state grew"
+        );
+    }
+}
