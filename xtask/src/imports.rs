@@ -17,7 +17,7 @@ use syn::visit::Visit;
 /// A module's path from the crate root (`["runtime", "server"]`).
 type ModPath = Vec<String>;
 
-/// One source file: its module path and whether it is a folder's face.
+/// One source file: its module path and its text.
 struct SourceFile {
     module: ModPath,
     text: String,
@@ -292,7 +292,7 @@ fn cycles_by_folder(
         for component in strongly_connected(&graph) {
             let mut names: Vec<&String> = component.iter().collect();
             names.sort();
-            let witness = witness_edges(&graph, &component, folder, edges);
+            let witness = witness_edges(&component, folder, edges);
             found.push(format!(
                 "cycle in {}/: {} ({})",
                 if folder.is_empty() {
@@ -314,12 +314,10 @@ fn cycles_by_folder(
 
 /// The file-level edges inside one cycle, so the report says where to cut.
 fn witness_edges(
-    graph: &BTreeMap<String, BTreeSet<String>>,
     component: &BTreeSet<String>,
     folder: &ModPath,
     edges: &BTreeSet<(ModPath, ModPath)>,
 ) -> String {
-    let _ = graph;
     edges
         .iter()
         .filter(|(from, to)| {
@@ -390,4 +388,69 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSe
         }
     }
     state.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+
+    /// A crate tree in a temporary folder: `(path, text)` pairs.
+    fn tree(files: &[(&str, &str)]) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!(
+            "xtask-imports-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, text) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn a_circle_between_folders_is_found_through_a_reexport() {
+        let root = tree(&[
+            ("lib.rs", "pub mod a;\npub mod b;\n"),
+            ("a/mod.rs", "mod x;\npub use x::X;\n"),
+            ("a/x.rs", "pub struct X(crate::b::Y);\n"),
+            ("b/mod.rs", "mod y;\npub use y::Y;\n"),
+            ("b/y.rs", "pub struct Y;\nfn f(_: crate::a::X) {}\n"),
+        ]);
+        let err = check(&root).expect_err("a ⇄ b");
+        assert!(err.contains("cycle in src/: a ⇄ b"), "{err}");
+        assert!(
+            err.contains("a::x → b::y") && err.contains("b::y → a::x"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn one_way_imports_and_test_code_pass() {
+        let root = tree(&[
+            ("lib.rs", "pub mod a;\npub mod b;\n"),
+            ("a/mod.rs", "mod x;\npub use x::X;\n"),
+            ("a/x.rs", "pub struct X(crate::b::Y);\n"),
+            ("b/mod.rs", "mod y;\npub use y::Y;\n"),
+            (
+                "b/y.rs",
+                "pub struct Y;\n#[cfg(test)]\nmod tests { use crate::a::X; }\n",
+            ),
+        ]);
+        assert!(check(&root).is_ok());
+    }
+
+    #[test]
+    fn siblings_in_a_folder_are_checked_too() {
+        let root = tree(&[
+            ("lib.rs", "mod r;\n"),
+            ("r/mod.rs", "mod p;\nmod q;\n"),
+            ("r/p.rs", "use super::q::Q;\npub struct P;\n"),
+            ("r/q.rs", "pub struct Q;\nfn f(_: super::p::P) {}\n"),
+        ]);
+        let err = check(&root).expect_err("p ⇄ q");
+        assert!(err.contains("cycle in r/: p ⇄ q"), "{err}");
+    }
 }
