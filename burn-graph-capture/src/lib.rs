@@ -15,6 +15,8 @@
 extern crate self as burn_graph_capture;
 
 pub mod backend;
+#[cfg(feature = "cuda")]
+pub(crate) mod custom_op;
 pub mod nn;
 pub mod optim;
 pub mod parallel;
@@ -27,12 +29,15 @@ pub mod train;
 
 pub use backend::{
     Allocated, AllocationId, AnyTensor, BreakerKind, BufferId, CaptureBreaker, CaptureSession,
-    ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph, OpRecord, OpSignature,
-    Recording, RuntimeFailure, TensorSig, TrainBackend,
+    Captured, ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph, OpRecord, OpSignature,
+    Recording, RoutedMatmul, RuntimeFailure, TensorSig, TrainBackend,
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
-pub use parallel::{DataParallel, DataParallelConfig, DistError, RankLink, RankMember};
+pub use parallel::{
+    Collectives, DataParallel, DataParallelConfig, DistError, RankLink, RankMember,
+};
+pub use rng::RandomDraws;
 pub use step::{
     FallbackReason, GraphTrainer, GraphTrainerConfig, InputKey, StepChange, StepError, StepInput,
     StepMode, StepOutcome, StepOutput, TrainerReport,

@@ -18,9 +18,9 @@ use burn_fusion::{Fusion, FusionBackend};
 use burn_ir::{CustomOpIr, OperationIr};
 use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
-use super::custom_op::{Handles, output};
 use super::layout;
-use crate::backend::GraphBackend;
+use crate::custom_op::{Handles, output};
+use crate::parallel::Collectives;
 use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::{self, CollectiveOp};
 use crate::runtime::{
@@ -211,7 +211,7 @@ struct CollectiveFusionOp<B> {
     backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for CollectiveFusionOp<B> {
+impl<B: FusionBackend + Collectives> Operation<B::FusionRuntime> for CollectiveFusionOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let inputs: Vec<_> = self
             .desc
@@ -236,7 +236,7 @@ impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for Collective
 }
 
 /// A collective on `Fusion<B>`: one custom op over all of `tensors`.
-pub(super) fn fused<B: FusionBackend + GraphBackend>(
+pub(super) fn fused<B: FusionBackend + Collectives>(
     tensors: Vec<FloatTensor<Fusion<B>>>,
     op: CollectiveOp,
     link: &RankLink,

@@ -1,4 +1,5 @@
-//! `GraphBackend` for CPU backends: no graphs, no arena, real buffer identities.
+//! Flex as an inner backend: no graphs, no arena, real buffer identities; draws and
+//! collectives on the host (the values the devices compute).
 
 #[cfg(feature = "flex")]
 mod flex {
@@ -7,9 +8,11 @@ mod flex {
     use burn_backend::{FloatDType, Shape, TensorData};
     use burn_flex::Flex;
 
-    use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, NoGraph};
-    use crate::parallel::{DistError, RankLink, host};
-    use crate::rng::{draw, state::Words};
+    use crate::backend::{
+        AnyTensor, BufferId, Captured, GraphBackend, GraphError, NoGraph, RoutedMatmul,
+    };
+    use crate::parallel::{Collectives, DistError, RankLink, host};
+    use crate::rng::{RandomDraws, draw, state::Words};
 
     /// Flex computes on the calling thread: its reads are ready at once.
     fn ready<F: std::future::Future>(future: F) -> F::Output {
@@ -57,11 +60,8 @@ mod flex {
             false
         }
 
-        fn capture<R>(
-            _device: &Self::Device,
-            _step: impl FnOnce() -> R,
-        ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
-            Err(GraphError::NoHardwareGraphs)
+        fn capture<R>(_device: &Self::Device, _step: impl FnOnce() -> R) -> Captured<R, NoGraph> {
+            Captured::Refused(GraphError::NoHardwareGraphs)
         }
 
         fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
@@ -83,7 +83,11 @@ mod flex {
                 std::sync::Arc::as_ptr(&t.data_arc()) as usize as u64
             ))
         }
+    }
 
+    impl RoutedMatmul for Flex {}
+
+    impl RandomDraws for Flex {
         /// Draws on the host, through `rng::draw`: the values the device kernel computes.
         fn draws_random(_shape: &Shape, _dtype: FloatDType) -> bool {
             true
@@ -103,6 +107,16 @@ mod flex {
             Self::float_from_data(data, &Self::int_device(state))
         }
 
+        fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
+            let next = words(&state).advanced(draws);
+            let data = next
+                .to_data(state.dtype())
+                .expect("a generator state is of an int type of 32 bits or more");
+            Self::int_from_data(data, &Self::int_device(&state))
+        }
+    }
+
+    impl Collectives for Flex {
         /// Flex's collectives run on the host, through the group's rendezvous.
         fn join_group(_device: &Self::Device, _member: &RankLink) -> Result<(), DistError> {
             Ok(())
@@ -121,14 +135,6 @@ mod flex {
             member: &RankLink,
         ) -> Result<Vec<FloatTensor<Self>>, DistError> {
             on_host(tensors, |data| host::broadcast(member, data, root))
-        }
-
-        fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
-            let next = words(&state).advanced(draws);
-            let data = next
-                .to_data(state.dtype())
-                .expect("a generator state is of an int type of 32 bits or more");
-            Self::int_from_data(data, &Self::int_device(&state))
         }
     }
 }

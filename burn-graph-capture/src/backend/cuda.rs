@@ -1,4 +1,5 @@
-//! `GraphBackend` for the CUDA stack: `CubeBackend<CudaGraphRuntime, f32, i32, u8>`.
+//! The plain CUDA stack as an inner backend: `CubeBackend<CudaGraphRuntime, f32, i32, u8>`
+//! (graphs, pins and copies; matmuls routed to cuBLAS; draws and collectives on the device).
 //!
 //! Capture and replay go to the runtime's server through its device queue, so they are
 //! ordered with every kernel queued before them (see `runtime::window`). Pinned tensors
@@ -16,9 +17,11 @@ use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
 use crate::backend::{
-    AnyTensor, BufferId, GraphBackend, GraphError, Holder, RuntimeCause, RuntimeFailure, layout,
+    AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul, RuntimeCause,
+    RuntimeFailure, layout,
 };
-use crate::parallel::{DistError, RankLink};
+use crate::parallel::{Collectives, DistError, RankLink};
+use crate::rng::RandomDraws;
 use crate::runtime::nccl::CollectiveOp;
 use crate::runtime::{
     CaptureError, CudaGraphDevice, CudaGraphHandle, CudaGraphRuntime, capture_begin_in_pool,
@@ -125,74 +128,24 @@ fn begin_when_free(device: &CudaGraphDevice, stream: StreamId) -> Result<(), Cap
 impl GraphBackend for CudaCube {
     type Graph = CudaGraphHandle;
 
-    fn matmul(
-        lhs: CubeTensor<CudaGraphRuntime>,
-        rhs: CubeTensor<CudaGraphRuntime>,
-    ) -> CubeTensor<CudaGraphRuntime> {
-        super::cublas::matmul_or(lhs, rhs, <Self as FloatTensorOps<Self>>::float_matmul)
-    }
-
-    fn routes_matmul(dtype: DType) -> bool {
-        dtype == DType::F32 && crate::runtime::blas::enabled()
-    }
-
-    fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
-        crate::rng::cube::draws(shape, dtype.into())
-    }
-
-    fn random(
-        state: &CubeTensor<CudaGraphRuntime>,
-        draw: u32,
-        shape: Shape,
-        distribution: Distribution,
-        dtype: FloatDType,
-    ) -> CubeTensor<CudaGraphRuntime> {
-        crate::rng::cube::random(state, draw, shape, distribution, dtype.into())
-    }
-
-    fn advance_random(
-        state: CubeTensor<CudaGraphRuntime>,
-        draws: u32,
-    ) -> CubeTensor<CudaGraphRuntime> {
-        crate::rng::cube::advance(state, draws)
-    }
-
     fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {
         true
-    }
-
-    fn join_group(device: &CudaGraphDevice, link: &RankLink) -> Result<(), DistError> {
-        super::collective::join(device, link)
-    }
-
-    /// NCCL's `ncclAvg` over the ranks, queued on the stream like a launch.
-    fn all_reduce_mean(
-        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
-        link: &RankLink,
-    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
-        super::collective::run(tensors, CollectiveOp::Mean, link)
-    }
-
-    fn broadcast(
-        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
-        root: usize,
-        link: &RankLink,
-    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
-        super::collective::run(tensors, CollectiveOp::Broadcast { root }, link)
     }
 
     /// The step runs under a fresh capture stream whose handles a private pool of the
     /// window serves, so the step reuses its own freed memory within the capture and the
     /// graph owns that pool whole (see `runtime::graph_pool`).
-    fn capture<R>(
-        device: &CudaGraphDevice,
-        step: impl FnOnce() -> R,
-    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
+    fn capture<R>(device: &CudaGraphDevice, step: impl FnOnce() -> R) -> Captured<R, Self::Graph> {
         let stream = capture_stream();
-        begin_when_free(device, stream).map_err(runtime_err)?;
+        if let Err(error) = begin_when_free(device, stream) {
+            return Captured::Refused(runtime_err(error));
+        }
         let window = OpenWindow { device, open: true };
-        let out = stream.executes(step);
-        Ok((out, window.close()))
+        let output = stream.executes(step);
+        match window.close() {
+            Ok(graph) => Captured::Recorded { output, graph },
+            Err(error) => Captured::Broken { output, error },
+        }
     }
 
     /// Under a fresh stream, as `capture` runs its step (no pool: the handles land in
@@ -274,6 +227,64 @@ impl GraphBackend for CudaCube {
     fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {
         let memory = cube(tensor).handle.memory.clone();
         Some(Holder::new(move || !memory.can_mut()))
+    }
+}
+
+impl RoutedMatmul for CudaCube {
+    fn matmul(
+        lhs: CubeTensor<CudaGraphRuntime>,
+        rhs: CubeTensor<CudaGraphRuntime>,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        super::cublas::matmul_or(lhs, rhs, <Self as FloatTensorOps<Self>>::float_matmul)
+    }
+
+    fn routes_matmul(dtype: DType) -> bool {
+        dtype == DType::F32 && crate::runtime::blas::enabled()
+    }
+}
+
+impl RandomDraws for CudaCube {
+    fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
+        crate::rng::cube::draws(shape, dtype.into())
+    }
+
+    fn random(
+        state: &CubeTensor<CudaGraphRuntime>,
+        draw: u32,
+        shape: Shape,
+        distribution: Distribution,
+        dtype: FloatDType,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        crate::rng::cube::random(state, draw, shape, distribution, dtype.into())
+    }
+
+    fn advance_random(
+        state: CubeTensor<CudaGraphRuntime>,
+        draws: u32,
+    ) -> CubeTensor<CudaGraphRuntime> {
+        crate::rng::cube::advance(state, draws)
+    }
+}
+
+impl Collectives for CudaCube {
+    fn join_group(device: &CudaGraphDevice, link: &RankLink) -> Result<(), DistError> {
+        super::collective::join(device, link)
+    }
+
+    /// NCCL's `ncclAvg` over the ranks, queued on the stream like a launch.
+    fn all_reduce_mean(
+        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
+        link: &RankLink,
+    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
+        super::collective::run(tensors, CollectiveOp::Mean, link)
+    }
+
+    fn broadcast(
+        tensors: Vec<CubeTensor<CudaGraphRuntime>>,
+        root: usize,
+        link: &RankLink,
+    ) -> Result<Vec<CubeTensor<CudaGraphRuntime>>, DistError> {
+        super::collective::run(tensors, CollectiveOp::Broadcast { root }, link)
     }
 }
 

@@ -21,7 +21,7 @@ macro_rules! forward_ops {
     };
     // Served by a trainer's device generator inside its steps (`rng::serve`).
     (@breaker DeviceRandom($shape:ident, $device:ident, $dtype:ident)) => {
-        $crate::rng::serve::breaker::<B>(&$shape, $device, $dtype)
+        $crate::backend::random::breaker::<B>(&$shape, $device, $dtype)
     };
     (@breaker $class:ident) => { Some($crate::backend::session::BreakerKind::$class) };
 
@@ -51,7 +51,7 @@ macro_rules! forward_ops {
 
     // Ops the inner backend may run another way than its op trait does (`GraphBackend`).
     (@call float_matmul, $trait:ident, $lhs:expr, $rhs:expr) => {
-        <B as $crate::backend::GraphBackend>::matmul($lhs, $rhs)
+        <B as $crate::backend::RoutedMatmul>::matmul($lhs, $rhs)
     };
     // `linear` and its multiplying gradients: `B`'s default arithmetic around that matmul.
     (@call linear, $trait:ident, $x:expr, $weight:expr, $bias:expr) => {
@@ -64,7 +64,7 @@ macro_rules! forward_ops {
         $crate::backend::linear::linear_weight_backward::<B>($x, $grad)
     };
     (@call float_random, $trait:ident, $shape:expr, $distribution:expr, $device:expr, $dtype:expr) => {
-        $crate::rng::serve::float_random::<B>($shape, $distribution, $device, $dtype)
+        $crate::backend::random::float_random::<B>($shape, $distribution, $device, $dtype)
     };
     (@call $name:ident, $trait:ident, $($arg:expr),*) => { <B as $trait<B>>::$name($($arg),*) };
 

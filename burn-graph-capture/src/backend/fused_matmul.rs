@@ -1,4 +1,4 @@
-//! `GraphBackend::matmul` on `Fusion<B>`: a matmul that `B` routes elsewhere (cuBLAS) is
+//! `RoutedMatmul::matmul` on `Fusion<B>`: a matmul that `B` routes elsewhere (cuBLAS) is
 //! one custom fusion op running `B::matmul` on the resolved tensors. Fusion's own matmul
 //! op would hand it to `B::float_matmul`, CubeCL's kernels, or fuse it into one of its
 //! own.
@@ -10,8 +10,8 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend};
 use burn_ir::{CustomOpIr, OperationIr, OperationOutput};
 
-use super::custom_op::{Handles, output};
-use crate::backend::GraphBackend;
+use crate::backend::RoutedMatmul;
+use crate::custom_op::{Handles, output};
 use crate::runtime::blas::Gemm;
 
 /// Inputs `[lhs, rhs]`, output their product.
@@ -21,7 +21,7 @@ struct MatmulOp<B> {
     backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for MatmulOp<B> {
+impl<B: FusionBackend + RoutedMatmul> Operation<B::FusionRuntime> for MatmulOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([lhs, rhs], [out]) = self.desc.as_fixed();
         let product = B::matmul(
@@ -33,7 +33,7 @@ impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for MatmulOp<B
 }
 
 /// `lhs @ rhs` on `Fusion<B>`, through `B::matmul` where `B` routes it.
-pub(super) fn matmul<B: FusionBackend + GraphBackend>(
+pub(super) fn matmul<B: FusionBackend + RoutedMatmul>(
     lhs: FloatTensor<Fusion<B>>,
     rhs: FloatTensor<Fusion<B>>,
 ) -> FloatTensor<Fusion<B>> {

@@ -1,4 +1,4 @@
-//! `GraphBackend` for `Fusion<B>`: graph capture on top of Burn's operation fusion.
+//! `Fusion<B>` as an inner backend: graph capture on top of Burn's operation fusion.
 //!
 //! Fusion queues operations and launches them later, as fused kernels. A window must
 //! record exactly one step's kernels, so the calling thread's fusion stream is drained
@@ -17,8 +17,11 @@ use burn::tensor::Distribution;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
-use crate::backend::{AnyTensor, BufferId, GraphBackend, GraphError, Holder};
-use crate::parallel::{DistError, RankLink};
+use crate::backend::{
+    AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul,
+};
+use crate::parallel::{Collectives, DistError, RankLink};
+use crate::rng::RandomDraws;
 use crate::runtime::nccl::CollectiveOp;
 
 /// The fused stack on this crate's runtime, as burn-cuda builds it for `CudaRuntime`.
@@ -92,42 +95,18 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         B::supports_hardware_graphs(device)
     }
 
-    fn join_group(device: &Self::Device, link: &RankLink) -> Result<(), DistError> {
-        B::join_group(device, link)
-    }
-
-    /// One custom op running `B`'s collective (`backend::collective`).
-    fn all_reduce_mean(
-        tensors: Vec<FloatTensor<Self>>,
-        link: &RankLink,
-    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
-        super::collective::fused::<B>(tensors, CollectiveOp::Mean, link)
-    }
-
-    fn broadcast(
-        tensors: Vec<FloatTensor<Self>>,
-        root: usize,
-        link: &RankLink,
-    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
-        super::collective::fused::<B>(tensors, CollectiveOp::Broadcast { root }, link)
-    }
-
-    fn capture<R>(
-        device: &Self::Device,
-        step: impl FnOnce() -> R,
-    ) -> Result<(R, Result<Self::Graph, GraphError>), GraphError> {
+    fn capture<R>(device: &Self::Device, step: impl FnOnce() -> R) -> Captured<R, Self::Graph> {
         drain::<B>(device);
-        let (out, graph) = B::capture(device, || {
+        B::capture(device, || {
             let out = step();
             // B may run the step under a stream of its own: drain the one it ran on.
             drain::<B>(device);
             out
-        })?;
-        let graph = graph.map(|graph| FusedGraph {
+        })
+        .map_graph(|graph| FusedGraph {
             graph,
             device: device.clone(),
-        });
-        Ok((out, graph))
+        })
     }
 
     fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {
@@ -199,7 +178,9 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
             inner.held_elsewhere()
         }))
     }
+}
 
+impl<B: GraphBackend + FusionBackend> RoutedMatmul for Fusion<B> {
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         super::fused_matmul::matmul::<B>(lhs, rhs)
     }
@@ -207,7 +188,9 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     fn routes_matmul(dtype: DType) -> bool {
         B::routes_matmul(dtype)
     }
+}
 
+impl<B: GraphBackend + FusionBackend> RandomDraws for Fusion<B> {
     fn draws_random(shape: &Shape, dtype: FloatDType) -> bool {
         B::draws_random(shape, dtype)
     }
@@ -224,5 +207,27 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
 
     fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
         crate::rng::fusion::advance::<B>(state, draws)
+    }
+}
+
+impl<B: GraphBackend + Collectives + FusionBackend> Collectives for Fusion<B> {
+    fn join_group(device: &Self::Device, link: &RankLink) -> Result<(), DistError> {
+        B::join_group(device, link)
+    }
+
+    /// One custom op running `B`'s collective (`backend::collective`).
+    fn all_reduce_mean(
+        tensors: Vec<FloatTensor<Self>>,
+        link: &RankLink,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        super::collective::fused::<B>(tensors, CollectiveOp::Mean, link)
+    }
+
+    fn broadcast(
+        tensors: Vec<FloatTensor<Self>>,
+        root: usize,
+        link: &RankLink,
+    ) -> Result<Vec<FloatTensor<Self>>, DistError> {
+        super::collective::fused::<B>(tensors, CollectiveOp::Broadcast { root }, link)
     }
 }

@@ -1,16 +1,16 @@
 //! `linear` and the two backward ops of it that multiply, as the decorator runs them on
-//! a backend that routes matmuls (`GraphBackend::routes_matmul`): Burn's default
+//! a backend that routes matmuls (`RoutedMatmul::routes_matmul`): Burn's default
 //! arithmetic (which the CubeCL stacks keep), with the product through
-//! `GraphBackend::matmul`, so that `nn::Linear` reaches cuBLAS like any matmul. Other
+//! `RoutedMatmul::matmul`, so that `nn::Linear` reaches cuBLAS like any matmul. Other
 //! backends run their own ops; the bias gradient multiplies nothing and stays `B`'s.
 
 use burn::tensor::ops::FloatTensor;
 use burn_backend::{Shape, TensorMetadata};
 
-use super::GraphBackend;
+use super::RoutedMatmul;
 
 /// `tensor` with leading size-1 dimensions up to `rank` (a weight broadcast over a batch).
-fn with_rank<B: GraphBackend>(tensor: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
+fn with_rank<B: RoutedMatmul>(tensor: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
     let shape = tensor.shape();
     if shape.num_dims() >= rank {
         return tensor;
@@ -21,7 +21,7 @@ fn with_rank<B: GraphBackend>(tensor: FloatTensor<B>, rank: usize) -> FloatTenso
 }
 
 /// `x @ weight (+ bias)`, weight `[d_input, d_output]`.
-pub(super) fn linear<B: GraphBackend>(
+pub(super) fn linear<B: RoutedMatmul>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -38,7 +38,7 @@ pub(super) fn linear<B: GraphBackend>(
 }
 
 /// `output_grad @ weightᵀ`.
-pub(super) fn linear_x_backward<B: GraphBackend>(
+pub(super) fn linear_x_backward<B: RoutedMatmul>(
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
@@ -51,7 +51,7 @@ pub(super) fn linear_x_backward<B: GraphBackend>(
 }
 
 /// `xᵀ @ output_grad`, summed over the batch dimensions.
-pub(super) fn linear_weight_backward<B: GraphBackend>(
+pub(super) fn linear_weight_backward<B: RoutedMatmul>(
     x: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {

@@ -12,8 +12,7 @@ mod cpu;
 pub(crate) mod cublas;
 #[cfg(feature = "cuda")]
 mod cuda;
-#[cfg(feature = "cuda")]
-pub(crate) mod custom_op;
+mod decorated;
 mod error;
 mod forward;
 #[cfg(feature = "cuda")]
@@ -30,7 +29,9 @@ mod layout;
 mod linear;
 mod ops;
 mod primitive;
+mod random;
 mod relabel;
+mod routed_matmul;
 pub mod session;
 
 pub use base::{GraphCapture, TrainBackend};
@@ -39,10 +40,11 @@ pub use cuda::CudaCube;
 pub use error::{CopyMismatch, GraphError, RuntimeCause, RuntimeFailure};
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
-pub use graph_backend::{BufferId, GraphBackend, NoGraph};
+pub use graph_backend::{BufferId, Captured, GraphBackend, NoGraph};
 pub use holder::Holder;
 pub use identity::{Allocated, AllocationId};
 pub use primitive::AnyTensor;
+pub use routed_matmul::RoutedMatmul;
 pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, ExternalRead, OpRecord, OpSignature, Recording,
     TensorSig,

@@ -6,6 +6,7 @@ use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn_backend::{Backend, DType, Scalar, Shape, TensorMetadata};
 
 use super::error::CopyMismatch;
+use super::identity::{Allocated, AllocationId};
 
 /// A float, int or bool tensor primitive of backend `B`.
 pub enum AnyTensor<B: Backend> {
@@ -100,35 +101,20 @@ impl<B: Backend> AnyTensor<B> {
     }
 }
 
-impl<B: super::GraphBackend> AnyTensor<B> {
+impl<B> AnyTensor<B>
+where
+    B: Backend<
+            FloatTensorPrimitive: Allocated,
+            IntTensorPrimitive: Allocated,
+            BoolTensorPrimitive: Allocated,
+        >,
+{
     /// The allocation the tensor reads.
-    pub fn allocation_id(&self) -> Option<super::AllocationId> {
-        use super::Allocated;
+    pub fn allocation_id(&self) -> Option<AllocationId> {
         match self {
             AnyTensor::Float(t) => t.allocation_id(),
             AnyTensor::Int(t) => t.allocation_id(),
             AnyTensor::Bool(t) => t.allocation_id(),
-        }
-    }
-}
-
-/// The decorator reuses its inner backend's primitives: relabelling moves, never copies.
-impl<B: super::GraphBackend> AnyTensor<super::GraphCapture<B>> {
-    /// The same primitive, typed as the inner backend's.
-    pub fn into_inner(self) -> AnyTensor<B> {
-        match self {
-            AnyTensor::Float(t) => AnyTensor::Float(t),
-            AnyTensor::Int(t) => AnyTensor::Int(t),
-            AnyTensor::Bool(t) => AnyTensor::Bool(t),
-        }
-    }
-
-    /// The inner backend's primitive, typed as the decorator's.
-    pub fn from_inner(inner: AnyTensor<B>) -> Self {
-        match inner {
-            AnyTensor::Float(t) => AnyTensor::Float(t),
-            AnyTensor::Int(t) => AnyTensor::Int(t),
-            AnyTensor::Bool(t) => AnyTensor::Bool(t),
         }
     }
 }

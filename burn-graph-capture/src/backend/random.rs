@@ -1,15 +1,15 @@
-//! The decorator's `float_random`: inside a trainer's step ([`scope`](super::scope)) it
+//! The decorator's `float_random`: inside a trainer's step (`rng::scope`) it
 //! draws from the trainer's generator on the device, where the inner backend can
-//! ([`GraphBackend::draws_random`]); anywhere else it is the inner backend's own, whose
+//! ([`RandomDraws::draws_random`]); anywhere else it is the inner backend's own, whose
 //! host-seeded draws break a capture (`BreakerKind::Rng`).
 
 use burn::tensor::Distribution;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{FloatDType, Shape};
 
-use super::scope;
-use crate::backend::GraphBackend;
-use crate::backend::session::{self, BreakerKind};
+use super::GraphBackend;
+use super::session::{self, BreakerKind};
+use crate::rng::scope;
 
 /// The open scope's generator state, if it serves a draw of `shape` and `dtype` on
 /// `device` (else the draw is a capture breaker).

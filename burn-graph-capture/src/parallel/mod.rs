@@ -15,11 +15,13 @@
 //! trainer's ranks agree on each step (`step::agreement`), and what a step averages
 //! (`step::collectives`), belong to the step layer. This layer knows nothing above it.
 
+mod collectives;
 pub mod error;
 pub mod group;
 pub(crate) mod host;
 mod rendezvous;
 mod tcp;
 
+pub use collectives::Collectives;
 pub use error::DistError;
 pub use group::{DataParallel, DataParallelConfig, RankLink, RankMember};

@@ -11,8 +11,8 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend};
 use burn_ir::{CustomOpIr, OperationIr, OperationOutput};
 
-use crate::backend::GraphBackend;
-use crate::backend::custom_op::{Handles, output};
+use super::RandomDraws;
+use crate::custom_op::{Handles, output};
 
 /// Input `[state]`, output the draw.
 #[derive(Debug)]
@@ -24,7 +24,7 @@ struct RandomOp<B> {
     backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for RandomOp<B> {
+impl<B: FusionBackend + RandomDraws> Operation<B::FusionRuntime> for RandomOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([state], [out]) = self.desc.as_fixed();
         let values = B::random(
@@ -46,7 +46,7 @@ struct AdvanceOp<B> {
     backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for AdvanceOp<B> {
+impl<B: FusionBackend + RandomDraws> Operation<B::FusionRuntime> for AdvanceOp<B> {
     fn execute(&self, handles: &mut Handles<B>) {
         let ([state], [out]) = self.desc.as_fixed();
         let next = B::advance_random(handles.get_int_tensor::<B>(state), self.draws);
@@ -54,8 +54,8 @@ impl<B: FusionBackend + GraphBackend> Operation<B::FusionRuntime> for AdvanceOp<
     }
 }
 
-/// `GraphBackend::random` on `Fusion<B>`.
-pub(crate) fn random<B: FusionBackend + GraphBackend>(
+/// `RandomDraws::random` on `Fusion<B>`.
+pub(crate) fn random<B: FusionBackend + RandomDraws>(
     state: &IntTensor<Fusion<B>>,
     draw: u32,
     shape: Shape,
@@ -78,8 +78,8 @@ pub(crate) fn random<B: FusionBackend + GraphBackend>(
         .output()
 }
 
-/// `GraphBackend::advance_random` on `Fusion<B>`.
-pub(crate) fn advance<B: FusionBackend + GraphBackend>(
+/// `RandomDraws::advance_random` on `Fusion<B>`.
+pub(crate) fn advance<B: FusionBackend + RandomDraws>(
     state: IntTensor<Fusion<B>>,
     draws: u32,
 ) -> IntTensor<Fusion<B>> {

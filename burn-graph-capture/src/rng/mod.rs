@@ -10,10 +10,12 @@
 #[cfg(feature = "cuda")]
 pub(crate) mod cube;
 pub mod draw;
+mod draws;
 #[cfg(feature = "cuda")]
 pub(crate) mod fusion;
 pub mod philox;
 pub(crate) mod scope;
 pub mod seed;
-pub(crate) mod serve;
 pub mod state;
+
+pub use draws::RandomDraws;

@@ -137,8 +137,8 @@ pub enum CaptureError {
     #[error("not supported inside a capture window: {0}")]
     Unsupported(&'static str),
     /// The stream had errors from earlier asynchronous work; no window was opened.
-    #[error("the stream has pending errors: {0}")]
-    StreamUnhealthy(String),
+    #[error("the stream has pending errors from earlier work")]
+    StreamUnhealthy(#[source] ServerError),
     /// A CubeCL server call inside the window failed.
     #[error("server error inside the capture window")]
     Server(#[source] ServerError),

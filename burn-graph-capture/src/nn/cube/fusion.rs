@@ -6,7 +6,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend};
 use burn_ir::{CustomOpIr, OperationIr, OperationOutput, TensorIr};
 
-use crate::backend::custom_op::Handles;
+use crate::custom_op::Handles;
 
 /// What one op runs on the inner backend: its inputs' tensors to its outputs'.
 pub(crate) type Kernel<B, const I: usize, const O: usize> =

@@ -7,7 +7,7 @@ use super::backend::{GruKernels, GruSaved};
 use crate::backend::{GraphBackend, GraphCapture};
 use crate::nn::decorated::recorded;
 
-impl<B: GraphBackend> GruKernels for GraphCapture<B> {
+impl<B: GraphBackend + GruKernels> GruKernels for GraphCapture<B> {
     fn gru_forward(
         xp: FloatTensor<Self>,
         wh: FloatTensor<Self>,

@@ -7,7 +7,7 @@ use super::backend::{LstmKernels, LstmSaved};
 use crate::backend::{GraphBackend, GraphCapture};
 use crate::nn::decorated::recorded;
 
-impl<B: GraphBackend> LstmKernels for GraphCapture<B> {
+impl<B: GraphBackend + LstmKernels> LstmKernels for GraphCapture<B> {
     fn lstm_forward(
         xp: FloatTensor<Self>,
         wh: FloatTensor<Self>,

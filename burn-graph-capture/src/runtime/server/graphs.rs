@@ -85,7 +85,12 @@ impl CudaGraphServer {
         }
         let errors = self.take_errors();
         if !errors.is_empty() {
-            return Err(CaptureError::StreamUnhealthy(format!("{errors:?}")));
+            return Err(CaptureError::StreamUnhealthy(
+                ServerError::ServerUnhealthy {
+                    errors,
+                    backtrace: BackTrace::capture(),
+                },
+            ));
         }
         // Steps that reach cuBLAS only inside the window find its handle made.
         self.prepare_blas();

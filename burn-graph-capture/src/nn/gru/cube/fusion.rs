@@ -4,7 +4,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn_fusion::{Fusion, FusionBackend};
 
-use crate::backend::custom_op::output;
+use crate::custom_op::output;
 use crate::nn::cube::fusion::register;
 use crate::nn::gru::{GruKernels, GruSaved};
 
