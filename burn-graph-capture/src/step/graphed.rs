@@ -26,9 +26,9 @@ use super::input::{InputKey, StepInput};
 use super::learner::Learner;
 use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
+use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, copy_float};
 use super::random::TrainerRandom;
-use super::ranks::{CaptureOutcome, Rank};
 use crate::backend::session::Kept;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,

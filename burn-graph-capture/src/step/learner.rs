@@ -13,9 +13,9 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::collectives::average_gradients;
 use super::error::StepError;
 use super::output::{StepOutput, unaliased};
+use super::parallel::average_gradients;
 use crate::backend::GraphBackend;
 use crate::optim::CapturableOptimizer;
 use crate::parallel::RankLink;
