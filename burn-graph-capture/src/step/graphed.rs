@@ -103,17 +103,54 @@ pub(crate) enum Captured<T> {
     Once(T, FallbackReason),
 }
 
-/// Why a graph step did not happen; the step then runs eagerly.
+/// Why a graph step did not happen: the step runs eagerly instead, and the scope says
+/// what stays eager after it; or the step itself is refused.
 pub(crate) enum Fallback {
-    /// This shape stays eager.
-    Shape(FallbackReason),
-    /// Every shape stays eager.
-    Trainer(FallbackReason),
-    /// This step only runs eagerly, for this reason (pinned buffers changed and the
-    /// graphs were dropped, a batch tensor laid out unlike the graph's input).
-    Once(FallbackReason),
+    /// The step runs eagerly for `reason`, and so does what `scope` covers.
+    Eager {
+        scope: FallbackScope,
+        reason: FallbackReason,
+    },
     /// The step itself was refused (the trainer returns the error).
-    Step(StepError),
+    Refused(StepError),
+}
+
+/// What a fallback leaves eager besides its own step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FallbackScope {
+    /// Nothing: only this step runs eagerly (pinned buffers changed and the graphs were
+    /// dropped, a batch tensor laid out unlike the graph's input).
+    Step,
+    /// This shape stays eager.
+    Shape,
+    /// Every shape stays eager.
+    Trainer,
+}
+
+impl Fallback {
+    /// Only this step runs eagerly.
+    pub(crate) fn step(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Step,
+            reason,
+        }
+    }
+
+    /// This shape stays eager.
+    pub(crate) fn shape(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Shape,
+            reason,
+        }
+    }
+
+    /// Every shape stays eager.
+    pub(crate) fn trainer(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Trainer,
+            reason,
+        }
+    }
 }
 
 /// What graph work cost, for the report.
@@ -322,7 +359,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
                 self.cache
                     .capture_differed(key, step.observation, reason.clone());
                 // The peers still meet this rank at the launch agreement.
-                self.agree_launch(key, Err(Fallback::Once(reason)), rank)
+                self.agree_launch(key, Err(Fallback::step(reason)), rank)
             }
             (Some(rank), recorded) => self.agree_launch(key, recorded, rank),
             (None, recorded) => recorded,
@@ -338,8 +375,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             let reason = FallbackReason::Graph(error);
             return Err(match rank {
                 // The peers launched theirs: their collectives wait for this rank's.
-                Some(rank) => Fallback::Step(rank.fail(reason)),
-                None => Fallback::Trainer(reason),
+                Some(rank) => Fallback::Refused(rank.fail(reason)),
+                None => Fallback::trainer(reason),
             });
         }
         self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
@@ -383,7 +420,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         self.check_pins(learner)?;
         self.ensure_pinned(learner)?;
-        let shape_error = |error| Fallback::Shape(FallbackReason::Graph(error));
+        let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));
         let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
         let pins = self.pins.as_ref().expect("pinned above");
@@ -462,17 +499,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     ) -> Result<Recorded<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,
-            Err(Fallback::Step(error)) => CaptureOutcome::Failed(error.to_string()),
-            Err(Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason)) => {
-                CaptureOutcome::Fallback(reason.clone())
-            }
+            Err(Fallback::Refused(error)) => CaptureOutcome::Failed(error.to_string()),
+            Err(Fallback::Eager { reason, .. }) => CaptureOutcome::Fallback(reason.clone()),
         };
-        let verdict = rank.agree_launch(&own).map_err(Fallback::Step)?;
+        let verdict = rank.agree_launch(&own).map_err(Fallback::Refused)?;
         match (verdict, recorded) {
             (None, recorded) => recorded,
             (Some(reason), Ok(Recorded::Graph(step) | Recorded::Differs(step, _))) => {
                 self.cache.captured(key, step);
-                Err(Fallback::Once(reason))
+                Err(Fallback::step(reason))
             }
             (Some(_), Err(own)) => Err(own),
         }
@@ -492,9 +527,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         self.check_pins(learner)?;
         let Some(step) = self.cache.graph(key) else {
-            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
+            return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
-        let fatal = |error| Fallback::Trainer(FallbackReason::Graph(error));
+        let fatal = |error| Fallback::trainer(FallbackReason::Graph(error));
         for (input, tensor) in step.inputs.iter().zip(inputs) {
             // A batch laid out unlike the one captured runs eagerly, as eager code on it
             // would launch other kernels; the graph stays for batches laid out as recorded.
@@ -506,9 +541,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// Launches the graph of `key`, prepared by [`prepare_replay`](Self::prepare_replay).
     pub(crate) fn launch_replay(&mut self, key: &InputKey) -> Result<T, Fallback> {
         let Some(step) = self.cache.graph(key) else {
-            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
+            return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
-        G::replay(&step.graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
+        G::replay(&step.graph).map_err(|e| Fallback::trainer(FallbackReason::Graph(e)))?;
         Ok(owned_copy(&step.outputs))
     }
 
@@ -605,7 +640,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         }
         let (model, optimizer) = learner.parts_mut();
         let (seated, pins) = Pinned::pin(model.clone(), optimizer)
-            .map_err(|error| Fallback::Trainer(FallbackReason::Graph(error)))?;
+            .map_err(|error| Fallback::trainer(FallbackReason::Graph(error)))?;
         learner.update(|_, _| seated);
         self.stats.pinned_bytes = pins.bytes;
         self.pins = Some(pins);
@@ -622,7 +657,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         if self.unseated && self.pins.is_some() {
             // A model put back that no eager step has run on yet: seat it now.
-            self.seat_model(learner).map_err(Fallback::Once)?;
+            self.seat_model(learner).map_err(Fallback::step)?;
             self.verified = true;
             return Ok(());
         }
@@ -640,9 +675,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.unpin();
         self.stats.recaptures += 1;
         if self.stats.recaptures > self.max_recaptures {
-            return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
+            return Err(Fallback::trainer(FallbackReason::RecaptureLimit));
         }
-        Err(Fallback::Once(FallbackReason::PinnedBuffersChanged))
+        Err(Fallback::step(FallbackReason::PinnedBuffersChanged))
     }
 }
 
@@ -668,15 +703,15 @@ where
 {
     let item = random
         .draw_in(|| learner.train(step_fn, batch, member))
-        .map_err(Fallback::Step)?;
+        .map_err(Fallback::Refused)?;
     random
         .advance()
-        .map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
+        .map_err(|error| Fallback::shape(FallbackReason::Graph(error)))?;
     let model = learner.model().clone();
     // Values the step left laid out unlike the pins drop this capture; the eager step
     // instead pins them again as they lie (`Graphs::seat_model`).
     seat(pins, learner, model).map_err(|error| {
-        once_if_layout(error, |other| Fallback::Shape(FallbackReason::Graph(other)))
+        once_if_layout(error, |other| Fallback::shape(FallbackReason::Graph(other)))
     })?;
     Ok(map_tensors(&item, |tensor| {
         AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
@@ -709,7 +744,7 @@ where
 /// falls back as `otherwise` says.
 fn once_if_layout(error: GraphError, otherwise: impl FnOnce(GraphError) -> Fallback) -> Fallback {
     match error {
-        GraphError::LayoutDiffers { .. } => Fallback::Once(FallbackReason::from_graph_error(error)),
+        GraphError::LayoutDiffers { .. } => Fallback::step(FallbackReason::from_graph_error(error)),
         other => otherwise(other),
     }
 }

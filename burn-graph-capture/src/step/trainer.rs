@@ -12,7 +12,7 @@ use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
-use super::graphed::{Captured, Fallback, Graphs, on_inputs};
+use super::graphed::{Captured, Fallback, FallbackScope, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, with_own_state};
 use super::mode::{FallbackReason, StepMode};
@@ -528,28 +528,24 @@ where
         self.graphs
             .launch_replay(key)
             .map_err(|fallback| match fallback {
-                Fallback::Step(error) => Fallback::Step(error),
-                Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason) => {
-                    Fallback::Step(rank.fail(reason))
-                }
+                Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
+                refused @ Fallback::Refused(_) => refused,
             })
     }
 
     /// What a failed graph step leaves for later steps (a shape or the whole trainer
     /// eager), and the reason this step runs eagerly; a refused step's error.
     fn absorb(&mut self, fallback: Fallback, key: &InputKey) -> Result<FallbackReason, StepError> {
-        Ok(match fallback {
-            Fallback::Step(error) => return Err(error),
-            Fallback::Shape(reason) => {
-                self.graphs.disable(key, reason.clone());
-                reason
-            }
-            Fallback::Trainer(reason) => {
-                self.graphs.disable_all(reason.clone());
-                reason
-            }
-            Fallback::Once(reason) => reason,
-        })
+        let (scope, reason) = match fallback {
+            Fallback::Eager { scope, reason } => (scope, reason),
+            Fallback::Refused(error) => return Err(error),
+        };
+        match scope {
+            FallbackScope::Step => {}
+            FallbackScope::Shape => self.graphs.disable(key, reason.clone()),
+            FallbackScope::Trainer => self.graphs.disable_all(reason.clone()),
+        }
+        Ok(reason)
     }
 
     /// One eager optimizer step, optionally recorded; its results are written into the
