@@ -367,7 +367,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
             if let Some(pins) = &self.pins {
-                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+                pins.reseat_learner(learner);
             }
         })?;
         let (Recorded::Graph(step) | Recorded::Differs(step, _)) = &recorded;
@@ -577,8 +577,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let Some(pins) = &self.pins else {
             return Ok(());
         };
-        let model = learner.model().clone();
-        let Err(error) = seat(pins, learner, model) else {
+        let Err(error) = pins.seat(learner) else {
             self.unseated = false;
             return Ok(());
         };
@@ -638,10 +637,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         if self.pins.is_some() {
             return Ok(());
         }
-        let (model, optimizer) = learner.parts_mut();
-        let (seated, pins) = Pinned::pin(model.clone(), optimizer)
+        let pins = Pinned::pin_learner(learner)
             .map_err(|error| Fallback::trainer(FallbackReason::Graph(error)))?;
-        learner.update(|_, _| seated);
         self.stats.pinned_bytes = pins.bytes;
         self.pins = Some(pins);
         self.verified = true;
@@ -707,37 +704,14 @@ where
     random
         .advance()
         .map_err(|error| Fallback::shape(FallbackReason::Graph(error)))?;
-    let model = learner.model().clone();
     // Values the step left laid out unlike the pins drop this capture; the eager step
     // instead pins them again as they lie (`Graphs::seat_model`).
-    seat(pins, learner, model).map_err(|error| {
+    pins.seat(learner).map_err(|error| {
         once_if_layout(error, |other| Fallback::shape(FallbackReason::Graph(other)))
     })?;
     Ok(map_tensors(&item, |tensor| {
         AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
     }))
-}
-
-/// Makes `model` the learner's, with its values copied into `pins` and its tensors
-/// (and the optimizer's) re-seated on them. If a copy fails, the learner takes `model`
-/// as it is, unpinned.
-fn seat<G, M, O>(pins: &Pinned<G>, learner: &mut Learner<M, O>, model: M) -> Result<(), GraphError>
-where
-    G: GraphBackend,
-    M: AutodiffModule<TrainBackend<G>>,
-    O: CapturableOptimizer<M, TrainBackend<G>>,
-{
-    let mut failed = None;
-    learner.update(
-        |_, optimizer| match pins.write_back(model.clone(), optimizer) {
-            Ok(seated) => seated,
-            Err(error) => {
-                failed = Some(error);
-                model
-            }
-        },
-    );
-    failed.map_or(Ok(()), Err)
 }
 
 /// A layout difference runs this step eagerly with `LayoutChanged`; any other error

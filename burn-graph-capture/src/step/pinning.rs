@@ -1,9 +1,11 @@
-//! Parameters and optimizer state at fixed addresses (I2).
+//! Parameters and optimizer state at fixed addresses (I2), and the seating of a
+//! learner on them.
 //!
 //! A replay reads and writes the addresses it was captured with. The trainer therefore
 //! pins every parameter and optimizer-state tensor once, and after every step, captured
 //! or eager, copies the new values back into the pinned buffers and re-seats the model
 //! and the optimizer on them: step k+1 reads what step k wrote, at the same address.
+//! Seating lives here alone, so that every path onto the pins copies and re-seats alike.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
-use super::learner::retie;
+use super::learner::{Learner, retie};
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, BufferId, GraphBackend, GraphError, TrainBackend,
 };
@@ -31,9 +33,53 @@ pub(crate) struct Pinned<G: GraphBackend> {
 }
 
 impl<G: GraphBackend> Pinned<G> {
+    /// Pins the learner's parameters and optimizer state, and seats both on the pins.
+    pub(crate) fn pin_learner<M, O>(learner: &mut Learner<M, O>) -> Result<Self, GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let (model, optimizer) = learner.parts_mut();
+        let (seated, pins) = Self::pin(model.clone(), optimizer)?;
+        learner.update(|_, _| seated);
+        Ok(pins)
+    }
+
+    /// Seats the learner's model on the pins: its values copied into them, its tensors
+    /// (and the optimizer's) re-seated on them. If a copy fails, the learner keeps its
+    /// model as it is, unpinned. Inside a capture window the copies are recorded too.
+    pub(crate) fn seat<M, O>(&self, learner: &mut Learner<M, O>) -> Result<(), GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let model = learner.model().clone();
+        let mut failed = None;
+        learner.update(
+            |_, optimizer| match self.write_back(model.clone(), optimizer) {
+                Ok(seated) => seated,
+                Err(error) => {
+                    failed = Some(error);
+                    model
+                }
+            },
+        );
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Puts the learner back on the pins without copying: for a step that ran nothing,
+    /// whose values the pins still hold.
+    pub(crate) fn reseat_learner<M, O>(&self, learner: &mut Learner<M, O>)
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        learner.update(|model, optimizer| self.reseat(model, optimizer));
+    }
+
     /// Pins `model`'s parameters and `optimizer`'s state; returns the model re-seated on
     /// the pinned copies (the optimizer is re-seated in place).
-    pub(crate) fn pin<M, O>(model: M, optimizer: &mut O) -> Result<(M, Self), GraphError>
+    fn pin<M, O>(model: M, optimizer: &mut O) -> Result<(M, Self), GraphError>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -85,7 +131,7 @@ impl<G: GraphBackend> Pinned<G> {
 
     /// Copies the new values of `model` and `optimizer` into the pinned buffers, then
     /// re-seats both on them. Inside a capture window the copies are recorded too.
-    pub(crate) fn write_back<M, O>(&self, model: M, optimizer: &mut O) -> Result<M, GraphError>
+    fn write_back<M, O>(&self, model: M, optimizer: &mut O) -> Result<M, GraphError>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -113,7 +159,7 @@ impl<G: GraphBackend> Pinned<G> {
     }
 
     /// Points `model` and `optimizer` at the pinned buffers, without copying.
-    pub(crate) fn reseat<M, O>(&self, model: M, optimizer: &mut O) -> M
+    fn reseat<M, O>(&self, model: M, optimizer: &mut O) -> M
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
