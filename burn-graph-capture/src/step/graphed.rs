@@ -27,7 +27,7 @@ use super::learner::Learner;
 use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::parallel::{CaptureOutcome, Rank};
-use super::pinning::{Pinned, copy_float};
+use super::pinning::{Pinned, Pins, copy_float};
 use super::random::TrainerRandom;
 use crate::backend::session::Kept;
 use crate::backend::{
@@ -171,16 +171,11 @@ pub(crate) struct GraphStats {
 pub(crate) struct Graphs<G: GraphBackend, T> {
     cache: GraphCache<CapturedStep<G, T>>,
     /// Parameters and optimizer state at fixed addresses, once a graph needs them.
-    pins: Option<Pinned<G>>,
-    /// Whether the model and optimizer were checked to sit on `pins` since the model
-    /// last entered the trainer. Nothing else can move them off (the trainer never
-    /// lends its tensors out), so replays skip the check while this holds.
-    verified: bool,
-    /// A model put back (`put_back`) that does not sit on `pins` yet: its next eager
-    /// step's write-back, or the next graph step, seats it.
-    unseated: bool,
+    pins: Pins<G>,
     /// This step found the pins' layout stale: once the step is accounted for
     /// ([`step_done`](Self::step_done)), every shape goes back to its last warmup step.
+    /// Apart from `pins`: it outlives the pins it was about, and survives into the next
+    /// step when this one returns an error, which may pin before it is taken.
     rewarm: bool,
     max_recaptures: usize,
     stats: GraphStats,
@@ -190,9 +185,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
         Self {
             cache: GraphCache::new(config.cache_limits()),
-            pins: None,
-            verified: false,
-            unseated: false,
+            pins: Pins::Unpinned,
             rewarm: false,
             max_recaptures: config.max_recaptures,
             stats: GraphStats::default(),
@@ -225,7 +218,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 
     /// Whether steps write into pinned buffers (and lent tensors must be copies).
     pub(crate) fn pinned(&self) -> bool {
-        self.pins.is_some()
+        self.pins.is_pinned()
     }
 
     /// Before the last warmup step of `key` on a device with graphs: pins the model and
@@ -299,11 +292,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// Drops every graph (before the buffers they use) and the pins, so that no step
     /// writes into the pinned buffers any more; graphed shapes capture again later.
     pub(crate) fn unpin(&mut self) {
-        if self.pins.take().is_some() {
+        if self.pins.unpin() {
             self.cache.drop_graphs();
             self.stats.pinned_bytes = 0;
         }
-        self.unseated = false;
     }
 
     /// Starts over for a model of another structure: no pins, no graphs, and every
@@ -366,7 +358,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         };
         let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
-            if let Some(pins) = &self.pins {
+            if let Some(pins) = self.pins.get() {
                 pins.reseat_learner(learner);
             }
         })?;
@@ -423,7 +415,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));
         let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
-        let pins = self.pins.as_ref().expect("pinned above");
+        let pins = self.pins.get().expect("pinned above");
         let accounted = Accounted::new(
             pins.allocations()
                 .chain(static_inputs.iter().map(AnyTensor::allocation_id))
@@ -574,11 +566,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        let Some(pins) = &self.pins else {
-            return Ok(());
-        };
-        let Err(error) = pins.seat(learner) else {
-            self.unseated = false;
+        let Err(error) = self.pins.seat(learner) else {
             return Ok(());
         };
         let reason = FallbackReason::from_graph_error(error);
@@ -606,16 +594,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
         learner.update(|_, _| model);
-        if self.pins.is_some() {
+        if self.pins.put_back() {
             self.cache.suspect_graphs();
-            self.unseated = true;
         }
     }
 
     /// Sets the learning rate in the pinned buffer; false when nothing is pinned or
     /// the write failed.
     pub(crate) fn write_lr(&mut self, lr: f64, device: &G::Device) -> bool {
-        let Some(target) = self.pins.as_ref().and_then(Pinned::lr) else {
+        let Some(target) = self.pins.get().and_then(Pinned::lr) else {
             return false;
         };
         let value = Tensor::<GraphCapture<G>, 1>::from_floats([lr as f32], device);
@@ -625,7 +612,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// The buffers may have changed (a new learning-rate tensor): check them again
     /// before the next graph step.
     pub(crate) fn recheck(&mut self) {
-        self.verified = false;
+        self.pins.recheck();
     }
 
     /// Pins the model and optimizer state unless they already are.
@@ -634,14 +621,13 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        if self.pins.is_some() {
+        if self.pins.is_pinned() {
             return Ok(());
         }
-        let pins = Pinned::pin_learner(learner)
+        self.stats.pinned_bytes = self
+            .pins
+            .pin(learner)
             .map_err(|error| Fallback::trainer(FallbackReason::Graph(error)))?;
-        self.stats.pinned_bytes = pins.bytes;
-        self.pins = Some(pins);
-        self.verified = true;
         Ok(())
     }
 
@@ -652,21 +638,13 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        if self.unseated && self.pins.is_some() {
+        if self.pins.is_unseated() {
             // A model put back that no eager step has run on yet: seat it now.
             self.seat_model(learner).map_err(Fallback::step)?;
-            self.verified = true;
+            self.pins.mark_checked();
             return Ok(());
         }
-        if self.verified {
-            return Ok(());
-        }
-        let Some(pins) = &self.pins else {
-            return Ok(());
-        };
-        let (model, optimizer) = learner.parts_mut();
-        if pins.unchanged(model, optimizer) {
-            self.verified = true;
+        if self.pins.still_seated(learner) {
             return Ok(());
         }
         self.unpin();
