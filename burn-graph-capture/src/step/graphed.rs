@@ -23,19 +23,17 @@ use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
-use super::learner::Learner;
+use super::learner::{Learner, StepContext};
 use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, Pins, copy_float};
-use super::random::TrainerRandom;
 use crate::backend::session::Kept;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
     Holder, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
-use crate::parallel::RankLink;
 use burn::tensor::DType;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 
@@ -321,19 +319,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 
     /// Records the step for `key` into a graph and launches it once. A data-parallel
-    /// rank launches only if every rank's capture succeeded (`ranks`); otherwise it
+    /// rank launches only if every rank's capture succeeded (`parallel`); otherwise it
     /// keeps its graph for the next step, unlaunched, and runs this one eagerly.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn capture<M, O, I, F, R>(
         &mut self,
-        learner: &mut Learner<M, O>,
-        step_fn: &mut F,
-        random: &mut TrainerRandom<G>,
+        mut cx: StepContext<'_, G, M, O, F>,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
-        device: &G::Device,
-        rank: Option<&Rank>,
     ) -> Result<Captured<T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
@@ -343,7 +336,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         R: StepOutput<TrainBackend<G>, Item = T>,
     {
         let started = Instant::now();
-        let recorded = self.record(learner, step_fn, random, key, batch, inputs, device, rank);
+        let rank = cx.rank;
+        let recorded = self.record(&mut cx, key, batch, inputs);
         let recorded = match (rank, recorded) {
             // Ranks launch together or not at all: a recording unlike warmup is this
             // rank's fallback (the step then runs eagerly, on every rank).
@@ -359,7 +353,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
             if let Some(pins) = self.pins.get() {
-                pins.reseat_learner(learner);
+                pins.reseat_learner(cx.learner);
             }
         })?;
         let (Recorded::Graph(step) | Recorded::Differs(step, _)) = &recorded;
@@ -391,17 +385,12 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 
     /// Pins (once), pins a copy of the batch, and records the step into a graph, which
     /// must do what warmup verified. Nothing recorded runs.
-    #[allow(clippy::too_many_arguments)]
     fn record<M, O, I, F, R>(
         &mut self,
-        learner: &mut Learner<M, O>,
-        step_fn: &mut F,
-        random: &mut TrainerRandom<G>,
+        cx: &mut StepContext<'_, G, M, O, F>,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
-        device: &G::Device,
-        rank: Option<&Rank>,
     ) -> Result<Recorded<G, T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
@@ -410,8 +399,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         F: FnMut(&M, &I) -> R,
         R: StepOutput<TrainBackend<G>, Item = T>,
     {
-        self.check_pins(learner)?;
-        self.ensure_pinned(learner)?;
+        self.check_pins(cx.learner)?;
+        self.ensure_pinned(cx.learner)?;
         let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));
         let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
@@ -419,33 +408,23 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let accounted = Accounted::new(
             pins.allocations()
                 .chain(static_inputs.iter().map(AnyTensor::allocation_id))
-                .chain([random.accounted()]),
+                .chain([cx.random.accounted()]),
         );
 
         // The model as it was, in case the recorded step panics inside `Learner::update`
         // (which takes the model): the pins still hold its values, since nothing ran.
-        let before = learner.model().clone();
+        let before = cx.learner.model().clone();
         let session = CaptureSession::begin_keeping(accounted.ids().clone());
         let caller = StreamId::current();
-        let member = rank.map(Rank::member);
+        let device = cx.device;
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            G::capture(device, || {
-                record_step(
-                    learner,
-                    step_fn,
-                    random,
-                    &static_batch,
-                    pins,
-                    caller,
-                    member,
-                )
-            })
+            G::capture(device, || record_step(cx, &static_batch, pins, caller))
         }));
         let recording = session.finish();
         let captured = match captured {
             Ok(captured) => captured,
             Err(panic) => {
-                learner.restore_if_lost(before);
+                cx.learner.restore_if_lost(before);
                 let error = GraphError::CapturePanicked(panic_message(panic.as_ref()));
                 tracing::warn!(%error, "capture fell back");
                 return Err(shape_error(error));
@@ -661,13 +640,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 /// pins. Returns the step's item, detached and handed over to the `caller`'s stream
 /// (`GraphBackend::hand_over`).
 fn record_step<G, M, O, I, F, R>(
-    learner: &mut Learner<M, O>,
-    step_fn: &mut F,
-    random: &mut TrainerRandom<G>,
+    cx: &mut StepContext<'_, G, M, O, F>,
     batch: &I,
     pins: &Pinned<G>,
     caller: StreamId,
-    member: Option<&RankLink>,
 ) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,
@@ -676,15 +652,13 @@ where
     F: FnMut(&M, &I) -> R,
     R: StepOutput<TrainBackend<G>>,
 {
-    let item = random
-        .draw_in(|| learner.train(step_fn, batch, member))
-        .map_err(Fallback::Refused)?;
-    random
+    let item = cx.train(batch).map_err(Fallback::Refused)?;
+    cx.random
         .advance()
         .map_err(|error| Fallback::shape(FallbackReason::Graph(error)))?;
     // Values the step left laid out unlike the pins drop this capture; the eager step
     // instead pins them again as they lie (`Graphs::seat_model`).
-    pins.seat(learner).map_err(|error| {
+    pins.seat(cx.learner).map_err(|error| {
         once_if_layout(error, |other| Fallback::shape(FallbackReason::Graph(other)))
     })?;
     Ok(map_tensors(&item, |tensor| {

@@ -14,7 +14,7 @@ use super::error::StepError;
 use super::fit;
 use super::graphed::{Captured, Fallback, FallbackScope, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
-use super::learner::{Learner, with_own_state};
+use super::learner::{Learner, StepContext, with_own_state};
 use super::mode::{FallbackReason, StepMode};
 use super::output::{StepOutput, detached};
 use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
@@ -487,16 +487,8 @@ where
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), StepError> {
         let attempt = if *plan == Plan::Capture {
-            let captured = self.graphs.capture(
-                &mut self.learner,
-                &mut self.step_fn,
-                &mut self.random,
-                key,
-                batch,
-                inputs,
-                &self.device,
-                self.rank.as_ref(),
-            );
+            let (graphs, cx) = self.parts();
+            let captured = graphs.capture(cx, key, batch, inputs);
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
             captured.map(|captured| match captured {
@@ -556,16 +548,16 @@ where
         record: bool,
     ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let (learner, step_fn, random) = (&mut self.learner, &mut self.step_fn, &mut self.random);
-        let member = self.rank.as_ref().map(Rank::member);
+        let (_, mut cx) = self.parts();
         // A panic in the closure leaves the peers inside the step's collectives.
-        let unwinding = self.rank.clone().map(FailOnUnwind);
-        let item = G::isolate(&self.device, || {
-            let item = random.draw_in(|| learner.train(step_fn, batch, member));
-            random.advance_eager();
+        let unwinding = cx.rank.cloned().map(FailOnUnwind);
+        let device = cx.device;
+        let item = G::isolate(device, || {
+            let item = cx.train(batch);
+            cx.random.advance_eager();
             item
         });
-        let item = match (item, &self.rank) {
+        let item = match (item, cx.rank) {
             (Err(error), Some(rank)) if !matches!(error, StepError::DataParallel(_)) => {
                 return Err(rank.fail(error));
             }
@@ -576,6 +568,18 @@ where
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
         Ok((detached(&item), recording))
+    }
+
+    /// The graphs, and apart from them what a step borrows of the rest.
+    fn parts(&mut self) -> Parts<'_, G, M, O, F, R::Item> {
+        let cx = StepContext {
+            learner: &mut self.learner,
+            step_fn: &mut self.step_fn,
+            random: &mut self.random,
+            device: &self.device,
+            rank: self.rank.as_ref(),
+        };
+        (&mut self.graphs, cx)
     }
 
     fn finish_step(&mut self, mode: &StepMode) {
@@ -603,6 +607,9 @@ where
         self.shared_with = shared;
     }
 }
+
+/// A trainer's graphs, and apart from them the rest of it that a step borrows.
+type Parts<'a, G, M, O, F, T> = (&'a mut Graphs<G, T>, StepContext<'a, G, M, O, F>);
 
 /// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
 /// step, after which the peers would wait in its collectives).
