@@ -23,19 +23,17 @@ use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
-use super::learner::Learner;
+use super::learner::{Learner, StepContext};
 use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
-use super::pinning::{Pinned, copy_float};
-use super::random::TrainerRandom;
-use super::ranks::{CaptureOutcome, Rank};
+use super::parallel::{CaptureOutcome, Rank};
+use super::pinning::{Pinned, Pins, copy_float};
 use crate::backend::session::Kept;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
     Holder, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
-use crate::parallel::RankLink;
 use burn::tensor::DType;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 
@@ -103,17 +101,54 @@ pub(crate) enum Captured<T> {
     Once(T, FallbackReason),
 }
 
-/// Why a graph step did not happen; the step then runs eagerly.
+/// Why a graph step did not happen: the step runs eagerly instead, and the scope says
+/// what stays eager after it; or the step itself is refused.
 pub(crate) enum Fallback {
-    /// This shape stays eager.
-    Shape(FallbackReason),
-    /// Every shape stays eager.
-    Trainer(FallbackReason),
-    /// This step only runs eagerly, for this reason (pinned buffers changed and the
-    /// graphs were dropped, a batch tensor laid out unlike the graph's input).
-    Once(FallbackReason),
+    /// The step runs eagerly for `reason`, and so does what `scope` covers.
+    Eager {
+        scope: FallbackScope,
+        reason: FallbackReason,
+    },
     /// The step itself was refused (the trainer returns the error).
-    Step(StepError),
+    Refused(StepError),
+}
+
+/// What a fallback leaves eager besides its own step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FallbackScope {
+    /// Nothing: only this step runs eagerly (pinned buffers changed and the graphs were
+    /// dropped, a batch tensor laid out unlike the graph's input).
+    Step,
+    /// This shape stays eager.
+    Shape,
+    /// Every shape stays eager.
+    Trainer,
+}
+
+impl Fallback {
+    /// Only this step runs eagerly.
+    pub(crate) fn step(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Step,
+            reason,
+        }
+    }
+
+    /// This shape stays eager.
+    pub(crate) fn shape(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Shape,
+            reason,
+        }
+    }
+
+    /// Every shape stays eager.
+    pub(crate) fn trainer(reason: FallbackReason) -> Self {
+        Self::Eager {
+            scope: FallbackScope::Trainer,
+            reason,
+        }
+    }
 }
 
 /// What graph work cost, for the report.
@@ -134,16 +169,11 @@ pub(crate) struct GraphStats {
 pub(crate) struct Graphs<G: GraphBackend, T> {
     cache: GraphCache<CapturedStep<G, T>>,
     /// Parameters and optimizer state at fixed addresses, once a graph needs them.
-    pins: Option<Pinned<G>>,
-    /// Whether the model and optimizer were checked to sit on `pins` since the model
-    /// last entered the trainer. Nothing else can move them off (the trainer never
-    /// lends its tensors out), so replays skip the check while this holds.
-    verified: bool,
-    /// A model put back (`put_back`) that does not sit on `pins` yet: its next eager
-    /// step's write-back, or the next graph step, seats it.
-    unseated: bool,
+    pins: Pins<G>,
     /// This step found the pins' layout stale: once the step is accounted for
     /// ([`step_done`](Self::step_done)), every shape goes back to its last warmup step.
+    /// Apart from `pins`: it outlives the pins it was about, and survives into the next
+    /// step when this one returns an error, which may pin before it is taken.
     rewarm: bool,
     max_recaptures: usize,
     stats: GraphStats,
@@ -153,9 +183,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
         Self {
             cache: GraphCache::new(config.cache_limits()),
-            pins: None,
-            verified: false,
-            unseated: false,
+            pins: Pins::Unpinned,
             rewarm: false,
             max_recaptures: config.max_recaptures,
             stats: GraphStats::default(),
@@ -188,7 +216,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 
     /// Whether steps write into pinned buffers (and lent tensors must be copies).
     pub(crate) fn pinned(&self) -> bool {
-        self.pins.is_some()
+        self.pins.is_pinned()
     }
 
     /// Before the last warmup step of `key` on a device with graphs: pins the model and
@@ -262,11 +290,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// Drops every graph (before the buffers they use) and the pins, so that no step
     /// writes into the pinned buffers any more; graphed shapes capture again later.
     pub(crate) fn unpin(&mut self) {
-        if self.pins.take().is_some() {
+        if self.pins.unpin() {
             self.cache.drop_graphs();
             self.stats.pinned_bytes = 0;
         }
-        self.unseated = false;
     }
 
     /// Starts over for a model of another structure: no pins, no graphs, and every
@@ -292,19 +319,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 
     /// Records the step for `key` into a graph and launches it once. A data-parallel
-    /// rank launches only if every rank's capture succeeded (`ranks`); otherwise it
+    /// rank launches only if every rank's capture succeeded (`parallel`); otherwise it
     /// keeps its graph for the next step, unlaunched, and runs this one eagerly.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn capture<M, O, I, F, R>(
         &mut self,
-        learner: &mut Learner<M, O>,
-        step_fn: &mut F,
-        random: &mut TrainerRandom<G>,
+        mut cx: StepContext<'_, G, M, O, F>,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
-        device: &G::Device,
-        rank: Option<&Rank>,
     ) -> Result<Captured<T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
@@ -314,7 +336,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         R: StepOutput<TrainBackend<G>, Item = T>,
     {
         let started = Instant::now();
-        let recorded = self.record(learner, step_fn, random, key, batch, inputs, device, rank);
+        let rank = cx.rank;
+        let recorded = self.record(&mut cx, key, batch, inputs);
         let recorded = match (rank, recorded) {
             // Ranks launch together or not at all: a recording unlike warmup is this
             // rank's fallback (the step then runs eagerly, on every rank).
@@ -322,15 +345,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
                 self.cache
                     .capture_differed(key, step.observation, reason.clone());
                 // The peers still meet this rank at the launch agreement.
-                self.agree_launch(key, Err(Fallback::Once(reason)), rank)
+                self.agree_launch(key, Err(Fallback::step(reason)), rank)
             }
             (Some(rank), recorded) => self.agree_launch(key, recorded, rank),
             (None, recorded) => recorded,
         };
         let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
-            if let Some(pins) = &self.pins {
-                learner.update(|model, optimizer| pins.reseat(model, optimizer));
+            if let Some(pins) = self.pins.get() {
+                pins.reseat_learner(cx.learner);
             }
         })?;
         let (Recorded::Graph(step) | Recorded::Differs(step, _)) = &recorded;
@@ -338,8 +361,8 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             let reason = FallbackReason::Graph(error);
             return Err(match rank {
                 // The peers launched theirs: their collectives wait for this rank's.
-                Some(rank) => Fallback::Step(rank.fail(reason)),
-                None => Fallback::Trainer(reason),
+                Some(rank) => Fallback::Refused(rank.fail(reason)),
+                None => Fallback::trainer(reason),
             });
         }
         self.stats.capture_ms += started.elapsed().as_secs_f64() * 1e3;
@@ -362,17 +385,12 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 
     /// Pins (once), pins a copy of the batch, and records the step into a graph, which
     /// must do what warmup verified. Nothing recorded runs.
-    #[allow(clippy::too_many_arguments)]
     fn record<M, O, I, F, R>(
         &mut self,
-        learner: &mut Learner<M, O>,
-        step_fn: &mut F,
-        random: &mut TrainerRandom<G>,
+        cx: &mut StepContext<'_, G, M, O, F>,
         key: &InputKey,
         batch: &I,
         inputs: &[AnyTensor<G>],
-        device: &G::Device,
-        rank: Option<&Rank>,
     ) -> Result<Recorded<G, T>, Fallback>
     where
         M: AutodiffModule<TrainBackend<G>>,
@@ -381,42 +399,32 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         F: FnMut(&M, &I) -> R,
         R: StepOutput<TrainBackend<G>, Item = T>,
     {
-        self.check_pins(learner)?;
-        self.ensure_pinned(learner)?;
-        let shape_error = |error| Fallback::Shape(FallbackReason::Graph(error));
+        self.check_pins(cx.learner)?;
+        self.ensure_pinned(cx.learner)?;
+        let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));
         let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
-        let pins = self.pins.as_ref().expect("pinned above");
+        let pins = self.pins.get().expect("pinned above");
         let accounted = Accounted::new(
             pins.allocations()
                 .chain(static_inputs.iter().map(AnyTensor::allocation_id))
-                .chain([random.accounted()]),
+                .chain([cx.random.accounted()]),
         );
 
         // The model as it was, in case the recorded step panics inside `Learner::update`
         // (which takes the model): the pins still hold its values, since nothing ran.
-        let before = learner.model().clone();
+        let before = cx.learner.model().clone();
         let session = CaptureSession::begin_keeping(accounted.ids().clone());
         let caller = StreamId::current();
-        let member = rank.map(Rank::member);
+        let device = cx.device;
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            G::capture(device, || {
-                record_step(
-                    learner,
-                    step_fn,
-                    random,
-                    &static_batch,
-                    pins,
-                    caller,
-                    member,
-                )
-            })
+            G::capture(device, || record_step(cx, &static_batch, pins, caller))
         }));
         let recording = session.finish();
         let captured = match captured {
             Ok(captured) => captured,
             Err(panic) => {
-                learner.restore_if_lost(before);
+                cx.learner.restore_if_lost(before);
                 let error = GraphError::CapturePanicked(panic_message(panic.as_ref()));
                 tracing::warn!(%error, "capture fell back");
                 return Err(shape_error(error));
@@ -462,17 +470,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     ) -> Result<Recorded<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,
-            Err(Fallback::Step(error)) => CaptureOutcome::Failed(error.to_string()),
-            Err(Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason)) => {
-                CaptureOutcome::Fallback(reason.clone())
-            }
+            Err(Fallback::Refused(error)) => CaptureOutcome::Failed(error.to_string()),
+            Err(Fallback::Eager { reason, .. }) => CaptureOutcome::Fallback(reason.clone()),
         };
-        let verdict = rank.agree_launch(&own).map_err(Fallback::Step)?;
+        let verdict = rank.agree_launch(&own).map_err(Fallback::Refused)?;
         match (verdict, recorded) {
             (None, recorded) => recorded,
             (Some(reason), Ok(Recorded::Graph(step) | Recorded::Differs(step, _))) => {
                 self.cache.captured(key, step);
-                Err(Fallback::Once(reason))
+                Err(Fallback::step(reason))
             }
             (Some(_), Err(own)) => Err(own),
         }
@@ -492,9 +498,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         self.check_pins(learner)?;
         let Some(step) = self.cache.graph(key) else {
-            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
+            return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
-        let fatal = |error| Fallback::Trainer(FallbackReason::Graph(error));
+        let fatal = |error| Fallback::trainer(FallbackReason::Graph(error));
         for (input, tensor) in step.inputs.iter().zip(inputs) {
             // A batch laid out unlike the one captured runs eagerly, as eager code on it
             // would launch other kernels; the graph stays for batches laid out as recorded.
@@ -506,9 +512,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// Launches the graph of `key`, prepared by [`prepare_replay`](Self::prepare_replay).
     pub(crate) fn launch_replay(&mut self, key: &InputKey) -> Result<T, Fallback> {
         let Some(step) = self.cache.graph(key) else {
-            return Err(Fallback::Once(FallbackReason::PinnedBuffersChanged));
+            return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
-        G::replay(&step.graph).map_err(|e| Fallback::Trainer(FallbackReason::Graph(e)))?;
+        G::replay(&step.graph).map_err(|e| Fallback::trainer(FallbackReason::Graph(e)))?;
         Ok(owned_copy(&step.outputs))
     }
 
@@ -539,12 +545,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        let Some(pins) = &self.pins else {
-            return Ok(());
-        };
-        let model = learner.model().clone();
-        let Err(error) = seat(pins, learner, model) else {
-            self.unseated = false;
+        let Err(error) = self.pins.seat(learner) else {
             return Ok(());
         };
         let reason = FallbackReason::from_graph_error(error);
@@ -572,16 +573,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
         learner.update(|_, _| model);
-        if self.pins.is_some() {
+        if self.pins.put_back() {
             self.cache.suspect_graphs();
-            self.unseated = true;
         }
     }
 
     /// Sets the learning rate in the pinned buffer; false when nothing is pinned or
     /// the write failed.
     pub(crate) fn write_lr(&mut self, lr: f64, device: &G::Device) -> bool {
-        let Some(target) = self.pins.as_ref().and_then(Pinned::lr) else {
+        let Some(target) = self.pins.get().and_then(Pinned::lr) else {
             return false;
         };
         let value = Tensor::<GraphCapture<G>, 1>::from_floats([lr as f32], device);
@@ -591,7 +591,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     /// The buffers may have changed (a new learning-rate tensor): check them again
     /// before the next graph step.
     pub(crate) fn recheck(&mut self) {
-        self.verified = false;
+        self.pins.recheck();
     }
 
     /// Pins the model and optimizer state unless they already are.
@@ -600,16 +600,13 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        if self.pins.is_some() {
+        if self.pins.is_pinned() {
             return Ok(());
         }
-        let (model, optimizer) = learner.parts_mut();
-        let (seated, pins) = Pinned::pin(model.clone(), optimizer)
-            .map_err(|error| Fallback::Trainer(FallbackReason::Graph(error)))?;
-        learner.update(|_, _| seated);
-        self.stats.pinned_bytes = pins.bytes;
-        self.pins = Some(pins);
-        self.verified = true;
+        self.stats.pinned_bytes = self
+            .pins
+            .pin(learner)
+            .map_err(|error| Fallback::trainer(FallbackReason::Graph(error)))?;
         Ok(())
     }
 
@@ -620,29 +617,21 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
-        if self.unseated && self.pins.is_some() {
+        if self.pins.is_unseated() {
             // A model put back that no eager step has run on yet: seat it now.
-            self.seat_model(learner).map_err(Fallback::Once)?;
-            self.verified = true;
+            self.seat_model(learner).map_err(Fallback::step)?;
+            self.pins.mark_checked();
             return Ok(());
         }
-        if self.verified {
-            return Ok(());
-        }
-        let Some(pins) = &self.pins else {
-            return Ok(());
-        };
-        let (model, optimizer) = learner.parts_mut();
-        if pins.unchanged(model, optimizer) {
-            self.verified = true;
+        if self.pins.still_seated(learner) {
             return Ok(());
         }
         self.unpin();
         self.stats.recaptures += 1;
         if self.stats.recaptures > self.max_recaptures {
-            return Err(Fallback::Trainer(FallbackReason::RecaptureLimit));
+            return Err(Fallback::trainer(FallbackReason::RecaptureLimit));
         }
-        Err(Fallback::Once(FallbackReason::PinnedBuffersChanged))
+        Err(Fallback::step(FallbackReason::PinnedBuffersChanged))
     }
 }
 
@@ -651,13 +640,10 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 /// pins. Returns the step's item, detached and handed over to the `caller`'s stream
 /// (`GraphBackend::hand_over`).
 fn record_step<G, M, O, I, F, R>(
-    learner: &mut Learner<M, O>,
-    step_fn: &mut F,
-    random: &mut TrainerRandom<G>,
+    cx: &mut StepContext<'_, G, M, O, F>,
     batch: &I,
     pins: &Pinned<G>,
     caller: StreamId,
-    member: Option<&RankLink>,
 ) -> Result<R::Item, Fallback>
 where
     G: GraphBackend,
@@ -666,50 +652,25 @@ where
     F: FnMut(&M, &I) -> R,
     R: StepOutput<TrainBackend<G>>,
 {
-    let item = random
-        .draw_in(|| learner.train(step_fn, batch, member))
-        .map_err(Fallback::Step)?;
-    random
+    let item = cx.train(batch).map_err(Fallback::Refused)?;
+    cx.random
         .advance()
-        .map_err(|error| Fallback::Shape(FallbackReason::Graph(error)))?;
-    let model = learner.model().clone();
+        .map_err(|error| Fallback::shape(FallbackReason::Graph(error)))?;
     // Values the step left laid out unlike the pins drop this capture; the eager step
     // instead pins them again as they lie (`Graphs::seat_model`).
-    seat(pins, learner, model).map_err(|error| {
-        once_if_layout(error, |other| Fallback::Shape(FallbackReason::Graph(other)))
+    pins.seat(cx.learner).map_err(|error| {
+        once_if_layout(error, |other| Fallback::shape(FallbackReason::Graph(other)))
     })?;
     Ok(map_tensors(&item, |tensor| {
         AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
     }))
 }
 
-/// Makes `model` the learner's, with its values copied into `pins` and its tensors
-/// (and the optimizer's) re-seated on them. If a copy fails, the learner takes `model`
-/// as it is, unpinned.
-fn seat<G, M, O>(pins: &Pinned<G>, learner: &mut Learner<M, O>, model: M) -> Result<(), GraphError>
-where
-    G: GraphBackend,
-    M: AutodiffModule<TrainBackend<G>>,
-    O: CapturableOptimizer<M, TrainBackend<G>>,
-{
-    let mut failed = None;
-    learner.update(
-        |_, optimizer| match pins.write_back(model.clone(), optimizer) {
-            Ok(seated) => seated,
-            Err(error) => {
-                failed = Some(error);
-                model
-            }
-        },
-    );
-    failed.map_or(Ok(()), Err)
-}
-
 /// A layout difference runs this step eagerly with `LayoutChanged`; any other error
 /// falls back as `otherwise` says.
 fn once_if_layout(error: GraphError, otherwise: impl FnOnce(GraphError) -> Fallback) -> Fallback {
     match error {
-        GraphError::LayoutDiffers { .. } => Fallback::Once(FallbackReason::from_graph_error(error)),
+        GraphError::LayoutDiffers { .. } => Fallback::step(FallbackReason::from_graph_error(error)),
         other => otherwise(other),
     }
 }

@@ -13,10 +13,11 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::collectives::average_gradients;
 use super::error::StepError;
 use super::output::{StepOutput, unaliased};
-use crate::backend::GraphBackend;
+use super::parallel::{Rank, average_gradients};
+use super::random::TrainerRandom;
+use crate::backend::{GraphBackend, TrainBackend};
 use crate::optim::CapturableOptimizer;
 use crate::parallel::RankLink;
 
@@ -103,6 +104,35 @@ impl<M, O> Learner<M, O> {
         }
         self.update(|model, optimizer| settle(optimizer.step(model, grads)));
         Ok(item)
+    }
+}
+
+/// What a step borrows of its trainer besides the graphs, as one value: the parts that
+/// every step running the closure needs, eager or recorded.
+pub(crate) struct StepContext<'a, G: GraphBackend, M, O, F> {
+    pub(crate) learner: &'a mut Learner<M, O>,
+    pub(crate) step_fn: &'a mut F,
+    /// The generator the step's random ops draw from.
+    pub(crate) random: &'a mut TrainerRandom<G>,
+    pub(crate) device: &'a G::Device,
+    /// Data-parallel training: the trainer's rank.
+    pub(crate) rank: Option<&'a Rank>,
+}
+
+impl<G: GraphBackend, M, O, F> StepContext<'_, G, M, O, F> {
+    /// [`Learner::train`] with its random ops drawn from the trainer's generator, whose
+    /// state the caller then advances past the draws.
+    pub(crate) fn train<I, R>(&mut self, batch: &I) -> Result<R::Item, StepError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+        F: FnMut(&M, &I) -> R,
+        R: StepOutput<TrainBackend<G>>,
+    {
+        let (learner, step_fn) = (&mut *self.learner, &mut *self.step_fn);
+        let member = self.rank.map(Rank::member);
+        self.random
+            .draw_in(|| learner.train(step_fn, batch, member))
     }
 }
 

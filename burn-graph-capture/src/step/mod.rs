@@ -5,9 +5,7 @@
 //! ordinary loop. Each step reports the mode it ran in, and every eager fallback its
 //! typed reason.
 
-mod agreement;
 mod cache;
-mod collectives;
 mod config;
 mod error;
 mod fit;
@@ -17,9 +15,9 @@ mod input;
 mod learner;
 mod mode;
 mod output;
+mod parallel;
 mod pinning;
 mod random;
-mod ranks;
 mod registry;
 mod report;
 mod trainer;

@@ -1,9 +1,11 @@
-//! Parameters and optimizer state at fixed addresses (I2).
+//! Parameters and optimizer state at fixed addresses (I2), and the seating of a
+//! learner on them.
 //!
 //! A replay reads and writes the addresses it was captured with. The trainer therefore
 //! pins every parameter and optimizer-state tensor once, and after every step, captured
 //! or eager, copies the new values back into the pinned buffers and re-seats the model
 //! and the optimizer on them: step k+1 reads what step k wrote, at the same address.
+//! Seating lives here alone, so that every path onto the pins copies and re-seats alike.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use burn_backend::tensor::FloatTensor;
 
-use super::learner::retie;
+use super::learner::{Learner, retie};
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, BufferId, CopyMismatch, GraphBackend, GraphError,
     TrainBackend,
@@ -32,9 +34,53 @@ pub(crate) struct Pinned<G: GraphBackend> {
 }
 
 impl<G: GraphBackend> Pinned<G> {
+    /// Pins the learner's parameters and optimizer state, and seats both on the pins.
+    pub(crate) fn pin_learner<M, O>(learner: &mut Learner<M, O>) -> Result<Self, GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let (model, optimizer) = learner.parts_mut();
+        let (seated, pins) = Self::pin(model.clone(), optimizer)?;
+        learner.update(|_, _| seated);
+        Ok(pins)
+    }
+
+    /// Seats the learner's model on the pins: its values copied into them, its tensors
+    /// (and the optimizer's) re-seated on them. If a copy fails, the learner keeps its
+    /// model as it is, unpinned. Inside a capture window the copies are recorded too.
+    pub(crate) fn seat<M, O>(&self, learner: &mut Learner<M, O>) -> Result<(), GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let model = learner.model().clone();
+        let mut failed = None;
+        learner.update(
+            |_, optimizer| match self.write_back(model.clone(), optimizer) {
+                Ok(seated) => seated,
+                Err(error) => {
+                    failed = Some(error);
+                    model
+                }
+            },
+        );
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Puts the learner back on the pins without copying: for a step that ran nothing,
+    /// whose values the pins still hold.
+    pub(crate) fn reseat_learner<M, O>(&self, learner: &mut Learner<M, O>)
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        learner.update(|model, optimizer| self.reseat(model, optimizer));
+    }
+
     /// Pins `model`'s parameters and `optimizer`'s state; returns the model re-seated on
     /// the pinned copies (the optimizer is re-seated in place).
-    pub(crate) fn pin<M, O>(model: M, optimizer: &mut O) -> Result<(M, Self), GraphError>
+    fn pin<M, O>(model: M, optimizer: &mut O) -> Result<(M, Self), GraphError>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -86,7 +132,7 @@ impl<G: GraphBackend> Pinned<G> {
 
     /// Copies the new values of `model` and `optimizer` into the pinned buffers, then
     /// re-seats both on them. Inside a capture window the copies are recorded too.
-    pub(crate) fn write_back<M, O>(&self, model: M, optimizer: &mut O) -> Result<M, GraphError>
+    fn write_back<M, O>(&self, model: M, optimizer: &mut O) -> Result<M, GraphError>
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -115,7 +161,7 @@ impl<G: GraphBackend> Pinned<G> {
     }
 
     /// Points `model` and `optimizer` at the pinned buffers, without copying.
-    pub(crate) fn reseat<M, O>(&self, model: M, optimizer: &mut O) -> M
+    fn reseat<M, O>(&self, model: M, optimizer: &mut O) -> M
     where
         M: AutodiffModule<TrainBackend<G>>,
         O: CapturableOptimizer<M, TrainBackend<G>>,
@@ -152,6 +198,131 @@ impl<G: GraphBackend> Pinned<G> {
             .chain(&self.state)
             .map(buffer_id::<G>)
             .collect()
+    }
+}
+
+/// Where a trainer's pins are in their life: one state at a time, so that no check or
+/// seat can be claimed of pins that are not there.
+pub(crate) enum Pins<G: GraphBackend> {
+    /// Nothing pinned: steps write into no pins, and lent tensors need no copies.
+    Unpinned,
+    /// The model and optimizer sit on `pins`. `checked`: known to since they last
+    /// entered the trainer; nothing else moves them off (the trainer never lends its
+    /// tensors out), so graph steps skip the identity check while it holds.
+    Seated { pins: Pinned<G>, checked: bool },
+    /// A model put in (`put_model`) that does not sit on `pins` yet: its next eager
+    /// step's write-back, or the next graph step, seats it. `checked` is what the seated
+    /// state had; an eager write-back keeps it (a graph step seats and checks at once).
+    Unseated { pins: Pinned<G>, checked: bool },
+}
+
+impl<G: GraphBackend> Pins<G> {
+    /// The pins, where there are any.
+    pub(crate) fn get(&self) -> Option<&Pinned<G>> {
+        match self {
+            Pins::Seated { pins, .. } | Pins::Unseated { pins, .. } => Some(pins),
+            Pins::Unpinned => None,
+        }
+    }
+
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.get().is_some()
+    }
+
+    /// Pins the learner and seats it (checked: it sits on what was just pinned); returns
+    /// the bytes pinned. Only without pins.
+    pub(crate) fn pin<M, O>(&mut self, learner: &mut Learner<M, O>) -> Result<u64, GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        debug_assert!(!self.is_pinned(), "pinning over pins");
+        let pins = Pinned::pin_learner(learner)?;
+        let bytes = pins.bytes;
+        *self = Pins::Seated {
+            pins,
+            checked: true,
+        };
+        Ok(bytes)
+    }
+
+    /// Drops the pins; false when there were none.
+    pub(crate) fn unpin(&mut self) -> bool {
+        if !self.is_pinned() {
+            return false;
+        }
+        *self = Pins::Unpinned;
+        true
+    }
+
+    /// A model was put in: it does not sit on the pins, if any (false without).
+    pub(crate) fn put_back(&mut self) -> bool {
+        let old = std::mem::replace(self, Pins::Unpinned);
+        *self = match old {
+            Pins::Seated { pins, checked } | Pins::Unseated { pins, checked } => {
+                Pins::Unseated { pins, checked }
+            }
+            other => other,
+        };
+        self.is_pinned()
+    }
+
+    /// The buffers may have left the pins (a new learning-rate tensor): the next graph
+    /// step checks them.
+    pub(crate) fn recheck(&mut self) {
+        if let Pins::Seated { checked, .. } | Pins::Unseated { checked, .. } = self {
+            *checked = false;
+        }
+    }
+
+    /// A seated learner is known to sit on the pins.
+    pub(crate) fn mark_checked(&mut self) {
+        if let Pins::Seated { checked, .. } = self {
+            *checked = true;
+        }
+    }
+
+    pub(crate) fn is_unseated(&self) -> bool {
+        matches!(self, Pins::Unseated { .. })
+    }
+
+    /// Seats the learner's model on the pins, if any ([`Pinned::seat`]): an unseated
+    /// model is seated then. On failure nothing changes here: the caller drops the pins.
+    pub(crate) fn seat<M, O>(&mut self, learner: &mut Learner<M, O>) -> Result<(), GraphError>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        let Some(pins) = self.get() else {
+            return Ok(());
+        };
+        pins.seat(learner)?;
+        let old = std::mem::replace(self, Pins::Unpinned);
+        *self = match old {
+            Pins::Unseated { pins, checked } => Pins::Seated { pins, checked },
+            other => other,
+        };
+        Ok(())
+    }
+
+    /// Whether the learner sits on the pins (trivially, without pins): known while
+    /// checked, else checked now by buffer identity, a pass remembered. An unseated
+    /// model does not.
+    pub(crate) fn still_seated<M, O>(&mut self, learner: &mut Learner<M, O>) -> bool
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        match self {
+            Pins::Unpinned => true,
+            Pins::Unseated { .. } => false,
+            Pins::Seated { checked: true, .. } => true,
+            Pins::Seated { pins, checked } => {
+                let (model, optimizer) = learner.parts_mut();
+                *checked = pins.unchanged(model, optimizer);
+                *checked
+            }
+        }
     }
 }
 

@@ -8,20 +8,18 @@ use burn::optim::LearningRate;
 use burn::tensor::Tensor;
 use burn_backend::tensor::FloatTensor;
 
-use super::agreement::{Proposal, Verdict};
 use super::cache::{Observation, Plan};
-use super::collectives::{broadcast_start, same_structure_as_rank_zero};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
-use super::graphed::{Captured, Fallback, Graphs, on_inputs};
+use super::graphed::{Captured, Fallback, FallbackScope, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
-use super::learner::{Learner, with_own_state};
+use super::learner::{Learner, StepContext, with_own_state};
 use super::mode::{FallbackReason, StepMode};
 use super::output::{StepOutput, detached};
+use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
 use super::pinning::{buffer_id, buffers};
 use super::random::TrainerRandom;
-use super::ranks::Rank;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
@@ -489,16 +487,8 @@ where
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), StepError> {
         let attempt = if *plan == Plan::Capture {
-            let captured = self.graphs.capture(
-                &mut self.learner,
-                &mut self.step_fn,
-                &mut self.random,
-                key,
-                batch,
-                inputs,
-                &self.device,
-                self.rank.as_ref(),
-            );
+            let (graphs, cx) = self.parts();
+            let captured = graphs.capture(cx, key, batch, inputs);
             // Pinning moved the model and optimizer onto other buffers.
             self.register_buffers();
             captured.map(|captured| match captured {
@@ -530,28 +520,24 @@ where
         self.graphs
             .launch_replay(key)
             .map_err(|fallback| match fallback {
-                Fallback::Step(error) => Fallback::Step(error),
-                Fallback::Shape(reason) | Fallback::Trainer(reason) | Fallback::Once(reason) => {
-                    Fallback::Step(rank.fail(reason))
-                }
+                Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
+                refused @ Fallback::Refused(_) => refused,
             })
     }
 
     /// What a failed graph step leaves for later steps (a shape or the whole trainer
     /// eager), and the reason this step runs eagerly; a refused step's error.
     fn absorb(&mut self, fallback: Fallback, key: &InputKey) -> Result<FallbackReason, StepError> {
-        Ok(match fallback {
-            Fallback::Step(error) => return Err(error),
-            Fallback::Shape(reason) => {
-                self.graphs.disable(key, reason.clone());
-                reason
-            }
-            Fallback::Trainer(reason) => {
-                self.graphs.disable_all(reason.clone());
-                reason
-            }
-            Fallback::Once(reason) => reason,
-        })
+        let (scope, reason) = match fallback {
+            Fallback::Eager { scope, reason } => (scope, reason),
+            Fallback::Refused(error) => return Err(error),
+        };
+        match scope {
+            FallbackScope::Step => {}
+            FallbackScope::Shape => self.graphs.disable(key, reason.clone()),
+            FallbackScope::Trainer => self.graphs.disable_all(reason.clone()),
+        }
+        Ok(reason)
     }
 
     /// One eager optimizer step, optionally recorded; its results are written into the
@@ -562,16 +548,16 @@ where
         record: bool,
     ) -> Result<(R::Item, Option<Recording>), StepError> {
         let session = record.then(CaptureSession::begin);
-        let (learner, step_fn, random) = (&mut self.learner, &mut self.step_fn, &mut self.random);
-        let member = self.rank.as_ref().map(Rank::member);
+        let (_, mut cx) = self.parts();
         // A panic in the closure leaves the peers inside the step's collectives.
-        let unwinding = self.rank.clone().map(FailOnUnwind);
-        let item = G::isolate(&self.device, || {
-            let item = random.draw_in(|| learner.train(step_fn, batch, member));
-            random.advance_eager();
+        let unwinding = cx.rank.cloned().map(FailOnUnwind);
+        let device = cx.device;
+        let item = G::isolate(device, || {
+            let item = cx.train(batch);
+            cx.random.advance_eager();
             item
         });
-        let item = match (item, &self.rank) {
+        let item = match (item, cx.rank) {
             (Err(error), Some(rank)) if !matches!(error, StepError::DataParallel(_)) => {
                 return Err(rank.fail(error));
             }
@@ -582,6 +568,18 @@ where
         self.graphs.write_back_eager(&mut self.learner);
         self.register_buffers();
         Ok((detached(&item), recording))
+    }
+
+    /// The graphs, and apart from them what a step borrows of the rest.
+    fn parts(&mut self) -> Parts<'_, G, M, O, F, R::Item> {
+        let cx = StepContext {
+            learner: &mut self.learner,
+            step_fn: &mut self.step_fn,
+            random: &mut self.random,
+            device: &self.device,
+            rank: self.rank.as_ref(),
+        };
+        (&mut self.graphs, cx)
     }
 
     fn finish_step(&mut self, mode: &StepMode) {
@@ -609,6 +607,9 @@ where
         self.shared_with = shared;
     }
 }
+
+/// A trainer's graphs, and apart from them the rest of it that a step borrows.
+type Parts<'a, G, M, O, F, T> = (&'a mut Graphs<G, T>, StepContext<'a, G, M, O, F>);
 
 /// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
 /// step, after which the peers would wait in its collectives).

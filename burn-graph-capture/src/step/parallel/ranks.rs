@@ -9,9 +9,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::agreement::{self, Proposal, Verdict};
-use super::error::StepError;
-use super::mode::FallbackReason;
 use crate::parallel::{DistError, RankLink, RankMember};
+use crate::step::error::StepError;
+use crate::step::mode::FallbackReason;
 
 /// How a rank's capture came out, as its peers learn it before launching.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -8,8 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::StepError;
-use super::mode::FallbackReason;
+use crate::step::error::StepError;
+use crate::step::mode::FallbackReason;
 
 /// What one rank would do for this step, before it does anything collective.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,10 +14,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::error::StepError;
 use crate::backend::GraphBackend;
 use crate::optim::CapturableOptimizer;
 use crate::parallel::{DistError, RankLink};
+use crate::step::error::StepError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
