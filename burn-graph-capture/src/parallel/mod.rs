@@ -8,12 +8,14 @@
 //!   liveness and a sticky failure), in memory for the threads of one process;
 //! - `tcp`: the same over TCP, for ranks that are processes (rank 0 the hub);
 //! - `host`: collectives on the host, for CPU backends;
-//! - `error`: [`DistError`].
+//! - `error`: [`DistError`];
+//! - `collectives`: [`Collectives`], what a backend does for a group.
 //!
-//! Backends provide the collectives themselves (`GraphBackend::all_reduce_mean`): NCCL
-//! on this crate's CUDA runtime, recorded into the step's graph like any kernel. How a
-//! trainer's ranks agree on each step (`step::agreement`), and what a step averages
-//! (`step::collectives`), belong to the step layer. This layer knows nothing above it.
+//! Backends provide the collectives themselves ([`Collectives`]): NCCL on this crate's
+//! CUDA runtime, recorded into the step's graph like any kernel. How a trainer's ranks
+//! agree on each step (`step::parallel::agreement`), and what a step averages
+//! (`step::parallel::collectives`), belong to the step layer. This layer knows nothing
+//! above it.
 
 mod collectives;
 pub mod error;

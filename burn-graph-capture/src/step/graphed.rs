@@ -28,6 +28,7 @@ use super::mode::{FallbackReason, StepChange};
 use super::output::{StepOutput, map_tensors, owned_copy};
 use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, Pins, copy_float};
+use crate::backend::Captured as Window;
 use crate::backend::session::Kept;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
@@ -430,7 +431,11 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
                 return Err(shape_error(error));
             }
         };
-        let (recorded, graph) = captured.map_err(shape_error)?;
+        let (recorded, graph) = match captured {
+            Window::Refused(error) => return Err(shape_error(error)),
+            Window::Recorded { output, graph } => (output, Ok(graph)),
+            Window::Broken { output, error } => (output, Err(error)),
+        };
         let kept = recording.kept().clone();
         let observation = Observation {
             signature: recording.signature,
@@ -466,7 +471,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         &mut self,
         key: &InputKey,
         recorded: Result<Recorded<G, T>, Fallback>,
-        rank: &Rank,
+        rank: &Rank<GraphCapture<G>>,
     ) -> Result<Recorded<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,

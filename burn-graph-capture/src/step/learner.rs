@@ -17,9 +17,8 @@ use super::error::StepError;
 use super::output::{StepOutput, unaliased};
 use super::parallel::{Rank, average_gradients};
 use super::random::TrainerRandom;
-use crate::backend::{GraphBackend, TrainBackend};
+use crate::backend::{GraphBackend, GraphCapture, TrainBackend};
 use crate::optim::CapturableOptimizer;
-use crate::parallel::RankLink;
 
 /// Why the model can be missing: an optimizer step that panicked took it.
 const LOST: &str = "the trainer's model was lost: its optimizer panicked in an earlier step";
@@ -88,7 +87,7 @@ impl<M, O> Learner<M, O> {
         &mut self,
         step_fn: &mut F,
         batch: &I,
-        member: Option<&RankLink>,
+        rank: Option<&Rank<B::InnerBackend>>,
     ) -> Result<R::Item, StepError>
     where
         B: AutodiffBackend<InnerBackend: GraphBackend>,
@@ -99,8 +98,8 @@ impl<M, O> Learner<M, O> {
     {
         let (mut grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
         let item = unaliased(item, self.model());
-        if let Some(member) = member {
-            average_gradients(self.model(), &mut grads, member).map_err(StepError::DataParallel)?;
+        if let Some(rank) = rank {
+            average_gradients(self.model(), &mut grads, rank).map_err(StepError::DataParallel)?;
         }
         self.update(|model, optimizer| settle(optimizer.step(model, grads)));
         Ok(item)
@@ -116,7 +115,7 @@ pub(crate) struct StepContext<'a, G: GraphBackend, M, O, F> {
     pub(crate) random: &'a mut TrainerRandom<G>,
     pub(crate) device: &'a G::Device,
     /// Data-parallel training: the trainer's rank.
-    pub(crate) rank: Option<&'a Rank>,
+    pub(crate) rank: Option<&'a Rank<GraphCapture<G>>>,
 }
 
 impl<G: GraphBackend, M, O, F> StepContext<'_, G, M, O, F> {
@@ -130,9 +129,8 @@ impl<G: GraphBackend, M, O, F> StepContext<'_, G, M, O, F> {
         R: StepOutput<TrainBackend<G>>,
     {
         let (learner, step_fn) = (&mut *self.learner, &mut *self.step_fn);
-        let member = self.rank.map(Rank::member);
-        self.random
-            .draw_in(|| learner.train(step_fn, batch, member))
+        let rank = self.rank;
+        self.random.draw_in(|| learner.train(step_fn, batch, rank))
     }
 }
 

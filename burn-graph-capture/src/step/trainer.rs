@@ -6,6 +6,7 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::optim::LearningRate;
 use burn::tensor::Tensor;
+use burn_backend::Backend;
 use burn_backend::tensor::FloatTensor;
 
 use super::cache::{Observation, Plan};
@@ -23,9 +24,11 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::{AnyTensor, CaptureSession, GraphBackend, Recording, TrainBackend};
+use crate::backend::{
+    AnyTensor, CaptureSession, GraphBackend, GraphCapture, Recording, TrainBackend,
+};
 use crate::optim::CapturableOptimizer;
-use crate::parallel::{DistError, RankMember};
+use crate::parallel::{Collectives, DistError, RankMember};
 
 /// The result of one step; `T` is the step closure's item (its loss, for a closure that
 /// returns one).
@@ -99,7 +102,7 @@ where
     last_mode: Option<StepMode>,
     /// Data-parallel training: this trainer's group membership. Last, so that it is
     /// dropped after the graphs, whose collectives use the group's communicator.
-    rank: Option<Rank>,
+    rank: Option<Rank<GraphCapture<G>>>,
     _input: PhantomData<fn(&I) -> R>,
 }
 
@@ -176,8 +179,11 @@ where
         step_fn: F,
         config: GraphTrainerConfig,
         member: RankMember,
-    ) -> Result<Self, StepError> {
-        let rank = Rank::new(member);
+    ) -> Result<Self, StepError>
+    where
+        G: Collectives,
+    {
+        let rank = Rank::<GraphCapture<G>>::new(member);
         let member = rank.member();
         let device = model.devices().into_iter().next().unwrap_or_default();
         let joined = G::join_group(&device, member)
@@ -297,7 +303,7 @@ where
     /// so before any rank launches. A refused step is refused on every rank.
     fn agree(
         &mut self,
-        rank: &Rank,
+        rank: &Rank<GraphCapture<G>>,
         planned: Result<(InputKey, Vec<AnyTensor<G>>, Plan), StepError>,
     ) -> Result<(InputKey, Vec<AnyTensor<G>>, Plan), StepError> {
         let (key, inputs, mut plan) = match planned {
@@ -613,9 +619,9 @@ type Parts<'a, G, M, O, F, T> = (&'a mut Graphs<G, T>, StepContext<'a, G, M, O, 
 
 /// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
 /// step, after which the peers would wait in its collectives).
-struct FailOnUnwind(Rank);
+struct FailOnUnwind<B: Backend>(Rank<B>);
 
-impl Drop for FailOnUnwind {
+impl<B: Backend> Drop for FailOnUnwind<B> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.fail("the step panicked");

@@ -14,18 +14,19 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use super::ranks::Rank;
 use crate::backend::GraphBackend;
 use crate::optim::CapturableOptimizer;
-use crate::parallel::{DistError, RankLink};
+use crate::parallel::{Collectives, DistError, RankLink};
 use crate::step::error::StepError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// Replaces every gradient in `grads` by its mean over the ranks of `member`'s group.
+/// Replaces every gradient in `grads` by its mean over the ranks of `rank`'s group.
 pub(crate) fn average_gradients<B, M>(
     model: &M,
     grads: &mut GradientsParams,
-    member: &RankLink,
+    rank: &Rank<Inner<B>>,
 ) -> Result<(), DistError>
 where
     B: AutodiffBackend<InnerBackend: GraphBackend>,
@@ -38,7 +39,7 @@ where
     model.visit(&mut taken);
     let (ids, tensors): (Vec<ParamId>, Vec<FloatTensor<Inner<B>>>) =
         taken.taken.into_iter().unzip();
-    let reduced = <Inner<B> as GraphBackend>::all_reduce_mean(tensors, member)?;
+    let reduced = rank.all_reduce_mean(tensors)?;
     let mut back = PutGrads::<B> {
         grads,
         reduced: ids.into_iter().zip(reduced).collect(),
@@ -86,7 +87,7 @@ pub(crate) fn broadcast_start<B, M, O>(
     member: &RankLink,
 ) -> Result<M, DistError>
 where
-    B: AutodiffBackend<InnerBackend: GraphBackend>,
+    B: AutodiffBackend<InnerBackend: GraphBackend + Collectives>,
     M: AutodiffModule<B>,
     O: CapturableOptimizer<M, B>,
 {
@@ -99,7 +100,7 @@ where
     let count = params.values.len();
     let mut all = params.values;
     all.extend(state);
-    let mut received = <Inner<B> as GraphBackend>::broadcast(all, 0, member)?.into_iter();
+    let mut received = <Inner<B> as Collectives>::broadcast(all, 0, member)?.into_iter();
     let params: Vec<_> = received.by_ref().take(count).collect();
     let model = model.map(&mut SetParams {
         values: params.into_iter(),

@@ -6,10 +6,15 @@
 
 use std::sync::Arc;
 
+use burn::tensor::ops::FloatTensor;
+use burn_backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::agreement::{self, Proposal, Verdict};
-use crate::parallel::{DistError, RankLink, RankMember};
+use crate::parallel::{Collectives, DistError, RankLink, RankMember};
+
+/// `Collectives::all_reduce_mean` of a backend.
+type GroupAverage<B> = fn(Vec<FloatTensor<B>>, &RankLink) -> Result<Vec<FloatTensor<B>>, DistError>;
 use crate::step::error::StepError;
 use crate::step::mode::FallbackReason;
 
@@ -24,21 +29,45 @@ pub(crate) enum CaptureOutcome {
     Failed(String),
 }
 
-/// A trainer's membership of a data-parallel group (shared by the parts of a step).
-#[derive(Clone)]
-pub(crate) struct Rank {
+/// A trainer's membership of a data-parallel group (shared by the parts of a step),
+/// with the group's gradient average on the trainer's backend `B`.
+pub(crate) struct Rank<B: Backend> {
     member: Arc<RankMember>,
+    average: GroupAverage<B>,
 }
 
-impl Rank {
-    pub(crate) fn new(member: RankMember) -> Self {
+impl<B: Backend> Clone for Rank<B> {
+    fn clone(&self) -> Self {
+        Self {
+            member: self.member.clone(),
+            average: self.average,
+        }
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// A rank of `member`'s group, averaging through `B`'s collectives.
+    pub(crate) fn new(member: RankMember) -> Self
+    where
+        B: Collectives,
+    {
         Self {
             member: Arc::new(member),
+            average: B::all_reduce_mean,
         }
     }
 
     pub(crate) fn member(&self) -> &RankLink {
         &self.member
+    }
+
+    /// Each tensor's mean over the ranks (`Collectives::all_reduce_mean`, taken where
+    /// the trainer was made: the rest of a step needs no `Collectives` bound).
+    pub(crate) fn all_reduce_mean(
+        &self,
+        tensors: Vec<FloatTensor<B>>,
+    ) -> Result<Vec<FloatTensor<B>>, DistError> {
+        (self.average)(tensors, &self.member)
     }
 
     /// The group's failure, as the step error every later step returns.
