@@ -10,10 +10,8 @@ use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
-mod common;
-
-use common::B;
-use common::models::MaskOnly;
+use crate::common::B;
+use crate::common::models::MaskOnly;
 
 const VOCAB: usize = 12;
 

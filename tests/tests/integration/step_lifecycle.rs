@@ -7,9 +7,7 @@ use burn_graph_capture::{BreakerKind, FallbackReason, GraphTrainer, GraphTrainer
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn reason(mode: &StepMode) -> &FallbackReason {
     match mode {

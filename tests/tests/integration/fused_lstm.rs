@@ -1,11 +1,6 @@
 //! `FusedLstm` against Burn's `nn::Lstm` on the CPU: same weights, same function, same
 //! gradients (1e-5 relative), conversions both ways, typed refusals, fewer ops per step.
 
-#[path = "common/fused_lstm_parity.rs"]
-mod parity;
-#[path = "common/tolerance.rs"]
-mod tolerance;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::nn::{Lstm, LstmConfig};
@@ -14,9 +9,11 @@ use burn_graph_capture::nn::{FusedLstm, FusedLstmConfig, LstmConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
 use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 
-type A = Autodiff<Flex>;
+use crate::common::fused_lstm_parity::{
+    BASE, Case, Tolerance, compare, compare_within, reference_layers, values,
+};
 
-use parity::{BASE, Case, Tolerance, compare, compare_within, reference_layers, values};
+type A = Autodiff<Flex>;
 
 #[test]
 fn matches_nn_lstm_outputs_states_and_gradients() {

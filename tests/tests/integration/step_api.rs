@@ -11,9 +11,7 @@ use burn_graph_capture::{
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn batch(task: &mut SineTask) -> Batch<B> {
     task.next_batch(4, 6, &Default::default())

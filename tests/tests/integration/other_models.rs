@@ -8,10 +8,8 @@ use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 
-mod common;
-
-use common::B;
-use common::models::{GruRegressor, Regression};
+use crate::common::B;
+use crate::common::models::{GruRegressor, Regression};
 
 const STEPS: usize = 8;
 

@@ -8,9 +8,7 @@ use burn_graph_capture::{
 };
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
-mod common;
-
-use common::B;
+use crate::common::{self, B};
 
 type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 

@@ -2,11 +2,6 @@
 //! same gradients (1e-5 relative), conversions both ways, typed refusals, and the batched
 //! form (one recurrent GEMM per step each way, the weight gradient once).
 
-#[path = "common/fused_gru_parity.rs"]
-mod parity;
-#[path = "common/tolerance.rs"]
-mod tolerance;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::nn::GruConfig;
@@ -15,7 +10,9 @@ use burn_graph_capture::nn::{FusedGru, FusedGruConfig, GruConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
 use lstm_example::train::parameter_values;
 
-use parity::{GRU_BASE, GruCase, Tolerance, compare_gru, compare_gru_within, reference_grus};
+use crate::common::fused_gru_parity::{
+    GRU_BASE, GruCase, Tolerance, compare_gru, compare_gru_within, reference_grus,
+};
 
 type A = Autodiff<Flex>;
 

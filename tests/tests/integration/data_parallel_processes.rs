@@ -2,9 +2,9 @@
 //! loopback), on the CPU: they train as ranks on threads do, bit for bit, and killing one
 //! rank's process (SIGKILL, mid-training) is a typed error on the others at once.
 //!
-//! Each rank is this test binary run again as `rank_process` (ignored, so it runs only
-//! when started here), told what to do through the environment; it prints one JSON line
-//! per step and one at the end.
+//! Each rank is this test binary run again with only `rank_process` (ignored, so it runs
+//! only when started here), told what to do through the environment; it prints one JSON
+//! line per step and one at the end.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -18,9 +18,7 @@ use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 use serde_json::{Value, json};
 
-mod common;
-
-use common::{B, adam, loss, model, model_bytes};
+use crate::common::{B, adam, loss, model, model_bytes};
 
 const BATCH: usize = 4;
 const TIME: usize = 6;
@@ -92,13 +90,15 @@ fn seeded_model_bytes() -> Vec<u8> {
     model_bytes()
 }
 
-/// Starts rank `rank` of `world` as a process of this binary.
+/// Starts rank `rank` of `world` as a process of this binary, which runs `rank_process`
+/// alone: its test path, without the crate's name (`data_parallel_processes::rank_process`).
 fn spawn_rank(rank: usize, world: usize, address: &str, steps: usize) -> Child {
+    let module = module_path!().split_once("::").map_or("", |(_, path)| path);
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "rank_process",
+            &format!("{module}::rank_process"),
             "--nocapture",
             "--test-threads=1",
         ])

@@ -21,9 +21,6 @@
 //! seed. A failing program is shrunk (events removed while it still fails) and printed
 //! with its seed; add the seed to `REGRESSION_SEEDS`.
 
-#[path = "common/models.rs"]
-mod models;
-
 use burn::backend::Flex;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -40,9 +37,10 @@ use burn_graph_capture::{
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, LstmRegressor, LstmRegressorConfig, TokenBatch};
-use models::{BnMlp, GruRegressor, Regression, TransposedViews};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+use crate::common::models::{BnMlp, GruRegressor, Regression, TransposedViews};
 
 type T<G> = TrainBackend<G>;
 type Bits = Vec<Vec<u32>>;

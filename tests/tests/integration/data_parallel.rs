@@ -18,10 +18,8 @@ use burn_graph_capture::{
 use lstm_example::train::{parameter_bits, parameter_values, to_bytes};
 use lstm_example::{Batch, CharLmConfig, SineTask, TokenBatch, TokenTask};
 
-mod common;
-
-use common::models::{GruRegressor, Regression};
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::models::{GruRegressor, Regression};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 /// Per-rank batch and sequence length of the LSTM runs.
 const BATCH: usize = 4;

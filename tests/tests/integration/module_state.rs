@@ -9,10 +9,8 @@ use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::parameter_bits;
 
-mod common;
-
-use common::B;
-use common::models::{BnMlp, Regression, TiedMlp};
+use crate::common::B;
+use crate::common::models::{BnMlp, Regression, TiedMlp};
 
 const STEPS: usize = 8;
 

@@ -12,9 +12,7 @@ use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepE
 use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
 use lstm_example::{Batch, LstmRegressorConfig, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn batch(task: &mut SineTask) -> Batch<B> {
     task.next_batch(4, 6, &Default::default())

@@ -20,10 +20,8 @@ use burn_graph_capture::{
 };
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 
-mod common;
-
-use common::models::{D_IN, Regression, materialized};
-use common::{B, adam};
+use crate::common::models::{D_IN, Regression, materialized};
+use crate::common::{B, adam};
 
 /// An MLP whose hidden width can grow: `D_IN -> hidden -> 1`.
 #[derive(Module, Debug)]
