@@ -1,11 +1,13 @@
 //! Helpers shared by the modules of the `integration` test binary: a small materialized
 //! LSTM, its loss, and a capturable Adam; other models (`models`); and the fused
 //! modules' parity checks against Burn's (`fused_lstm_parity`, `fused_gru_parity`, with
-//! their `tolerance`). `gpu_trainer` includes those four files through `#[path]`.
+//! their `tolerance`). `gpu_trainer` includes those four files through `#[path]`. And
+//! the lock on the process's generators that every test holds (`rng`).
 
 pub mod fused_gru_parity;
 pub mod fused_lstm_parity;
 pub mod models;
+pub mod rng;
 pub mod tolerance;
 
 use burn::backend::Flex;

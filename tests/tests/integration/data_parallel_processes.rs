@@ -42,6 +42,7 @@ fn env(name: &str) -> String {
 #[test]
 #[ignore = "a rank process, started by the other tests of this file"]
 fn rank_process() {
+    let _rng = crate::common::rng::exclusive();
     if std::env::var_os("DDP_RANK").is_none() {
         return;
     }
@@ -84,7 +85,8 @@ fn rank_process() {
     );
 }
 
-/// The same weights in every process: drawn from a seeded generator.
+/// The same weights in every process: drawn from a seeded generator (Flex's, which is
+/// process-wide: the calling test holds `common::rng` exclusively).
 fn seeded_model_bytes() -> Vec<u8> {
     Flex::seed(&Default::default(), 7);
     model_bytes()
@@ -136,6 +138,7 @@ fn follow(mut child: Child, rank: usize, lines: mpsc::Sender<(usize, Value, Inst
 
 #[test]
 fn rank_processes_train_as_ranks_on_threads_do() {
+    let _rng = crate::common::rng::exclusive();
     const STEPS: usize = 12;
     let (world, address) = (2, free_address());
     let (send, receive) = mpsc::channel();
@@ -202,6 +205,7 @@ fn rank_processes_train_as_ranks_on_threads_do() {
 
 #[test]
 fn killing_a_rank_process_is_a_typed_error_on_the_others_at_once() {
+    let _rng = crate::common::rng::shared();
     let (world, address) = (3, free_address());
     let (send, receive) = mpsc::channel();
     let mut children: Vec<Child> = (0..world)

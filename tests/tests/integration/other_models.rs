@@ -19,6 +19,7 @@ fn batch(step: usize) -> Regression<B> {
 
 #[test]
 fn a_gru_with_evaluation_and_checkpoints_between_steps_trains_as_plain_burn() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let model = GruRegressor::<B>::new(6, &device);
     let bytes = to_bytes(model.clone());
