@@ -1,7 +1,7 @@
 //! `FusedGru` against `nn::Gru` on any autodiff backend: outputs, final states and every
 //! gradient from the same weights, within a tolerance (1e-5 relative unless a test says).
-//! Shared by the CPU tests (`fused_gru.rs`) and the GPU tests (`gpu_trainer`), through
-//! `#[path]`.
+//! Shared by the CPU tests (`integration`'s `fused_gru`, as `common::fused_gru_parity`)
+//! and the GPU tests (`gpu_trainer`, through `#[path]`).
 
 use burn::module::Param;
 use burn::nn::{GateController, Gru, GruConfig};

@@ -1,6 +1,7 @@
 //! `FusedLstm` against `nn::Lstm` on any autodiff backend: outputs, final states and
 //! every gradient from the same weights, within 1e-5 relative. Shared by the CPU tests
-//! (`fused_lstm.rs`) and the GPU tests (`gpu_trainer`), through `#[path]` (a file under `common/`, so cargo does not build it as a test of its own).
+//! (`integration`'s `fused_lstm`, as `common::fused_lstm_parity`) and the GPU tests
+//! (`gpu_trainer`, through `#[path]`).
 
 use burn::module::Param;
 use burn::nn::{Lstm, LstmConfig, LstmState};

@@ -1,6 +1,14 @@
-//! Helpers shared by the `GraphTrainer` tests: a small materialized LSTM, its loss, and
-//! a capturable Adam.
-#![allow(dead_code)] // Each test binary uses a different subset.
+//! Helpers shared by the modules of the `integration` test binary: a small materialized
+//! LSTM, its loss, and a capturable Adam; other models (`models`); and the fused
+//! modules' parity checks against Burn's (`fused_lstm_parity`, `fused_gru_parity`, with
+//! their `tolerance`). `gpu_trainer` includes those four files through `#[path]`. And
+//! the lock on the process's generators that every test holds (`rng`).
+
+pub mod fused_gru_parity;
+pub mod fused_lstm_parity;
+pub mod models;
+pub mod rng;
+pub mod tolerance;
 
 use burn::backend::Flex;
 use burn::prelude::*;
@@ -35,4 +43,3 @@ pub fn adam() -> CapturableAdam<B> {
 pub fn loss(model: &Model, batch: &Batch<B>) -> Tensor<B, 1> {
     model.loss(batch.x.clone(), batch.y.clone())
 }
-pub mod models;

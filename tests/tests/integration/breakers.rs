@@ -22,6 +22,7 @@ fn tensor() -> Tensor<B, 2> {
 
 #[test]
 fn plain_compute_breaks_nothing() {
+    let _rng = crate::common::rng::shared();
     let x = tensor();
     let breakers = breakers_of(|| {
         let _ = (x.clone() * 2.0)
@@ -34,6 +35,7 @@ fn plain_compute_breaks_nothing() {
 
 #[test]
 fn host_reads_are_breakers() {
+    let _rng = crate::common::rng::shared();
     let x = tensor();
     let breakers = breakers_of(|| {
         let _ = x.clone().into_data();
@@ -55,6 +57,7 @@ fn host_reads_are_breakers() {
 
 #[test]
 fn scalar_reads_are_host_reads() {
+    let _rng = crate::common::rng::shared();
     let x = tensor();
     let breakers = breakers_of(|| {
         let _ = x.clone().sum().into_scalar();
@@ -70,6 +73,7 @@ fn scalar_reads_are_host_reads() {
 /// (Flex has a single device, so a real transfer cannot happen here.)
 #[test]
 fn a_same_device_transfer_is_not_a_breaker() {
+    let _rng = crate::common::rng::shared();
     let x = tensor();
     let (_, recording) = CaptureSession::record(|| {
         let _ = x.clone().to_device(&Default::default());
@@ -81,6 +85,7 @@ fn a_same_device_transfer_is_not_a_breaker() {
 
 #[test]
 fn random_ops_and_reseeding_are_breakers() {
+    let _rng = crate::common::rng::exclusive();
     let device = Default::default();
     let breakers = breakers_of(|| {
         let _ = Tensor::<B, 2>::random([2, 2], Distribution::Default, &device);
@@ -93,6 +98,7 @@ fn random_ops_and_reseeding_are_breakers() {
 
 #[test]
 fn dropout_masks_are_rng_breakers() {
+    let _rng = crate::common::rng::shared();
     let dropout: Dropout = DropoutConfig::new(0.5).init();
     let x = Tensor::<Autodiff<B>, 2>::ones([4, 4], &Default::default());
     let breakers = breakers_of(|| {
@@ -106,6 +112,7 @@ fn dropout_masks_are_rng_breakers() {
 
 #[test]
 fn data_dependent_shapes_are_breakers() {
+    let _rng = crate::common::rng::shared();
     let x = tensor();
     let breakers = breakers_of(|| {
         let _ = x.clone().greater_elem(0.5).argwhere();
@@ -118,6 +125,7 @@ fn data_dependent_shapes_are_breakers() {
 
 #[test]
 fn breakers_serialize_with_their_reason() {
+    let _rng = crate::common::rng::shared();
     let breaker = CaptureBreaker {
         kind: BreakerKind::Rng,
         op: "float_random".into(),

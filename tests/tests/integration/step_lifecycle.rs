@@ -7,9 +7,7 @@ use burn_graph_capture::{BreakerKind, FallbackReason, GraphTrainer, GraphTrainer
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn reason(mode: &StepMode) -> &FallbackReason {
     match mode {
@@ -20,6 +18,7 @@ fn reason(mode: &StepMode) -> &FallbackReason {
 
 #[test]
 fn cpu_steps_warm_up_then_report_no_hardware_graphs() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(1, 32);
@@ -50,6 +49,7 @@ fn cpu_steps_warm_up_then_report_no_hardware_graphs() {
 /// The trainer's steps are the same ops as a hand-written loop with the same optimizer.
 #[test]
 fn trainer_training_equals_a_plain_loop() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let device = Default::default();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
@@ -81,6 +81,7 @@ fn trainer_training_equals_a_plain_loop() {
 
 #[test]
 fn a_new_shape_gets_its_own_warmup_and_shapes_without_graphs_hold_no_slot() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let device = Default::default();
     let config = GraphTrainerConfig::new()
@@ -115,6 +116,7 @@ fn a_new_shape_gets_its_own_warmup_and_shapes_without_graphs_hold_no_slot() {
 
 #[test]
 fn non_static_control_flow_stays_eager() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let device = Default::default();
     let mut calls = 0;
@@ -164,6 +166,7 @@ fn breaker_kind(reason: FallbackReason) -> BreakerKind {
 
 #[test]
 fn each_capture_breaker_makes_the_trainer_eager_with_its_reason() {
+    let _rng = crate::common::rng::shared();
     let host_read = first_reason(|model, batch| {
         let loss = loss(model, batch);
         let _logged: f32 = loss.clone().into_scalar();
@@ -213,6 +216,7 @@ fn each_capture_breaker_makes_the_trainer_eager_with_its_reason() {
 /// eager trainers would.
 #[test]
 fn a_shared_parameter_makes_the_trainers_eager_until_they_part() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let device = Default::default();
     let first_model = model(&bytes);
@@ -261,6 +265,7 @@ fn a_shared_parameter_makes_the_trainers_eager_until_they_part() {
 
 #[test]
 fn trainers_without_shares_are_independent() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let mut first = GraphTrainer::new(
         model(&model_bytes()),

@@ -11,9 +11,7 @@ use burn_graph_capture::{
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn batch(task: &mut SineTask) -> Batch<B> {
     task.next_batch(4, 6, &Default::default())
@@ -36,6 +34,7 @@ where
 
 #[test]
 fn an_empty_batch_is_refused_and_changes_nothing() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let empty = SineTask::new(1, 32).next_batch::<B>(0, 6, &Default::default());
@@ -51,6 +50,7 @@ fn an_empty_batch_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_non_scalar_loss_is_refused_and_changes_nothing() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let per_sample = |model: &Model, batch: &Batch<B>| {
         let error = model.forward(batch.x.clone()) - batch.y.clone();
@@ -70,6 +70,7 @@ fn a_non_scalar_loss_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_panicking_step_closure_keeps_the_model() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut calls = 0;
     let flaky = move |model: &Model, batch: &Batch<B>| {
@@ -96,6 +97,7 @@ fn a_panicking_step_closure_keeps_the_model() {
 
 #[test]
 fn the_model_can_be_taken_out_and_put_back() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut interrupted = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(3, 32);
@@ -132,6 +134,7 @@ fn the_model_can_be_taken_out_and_put_back() {
 
 #[test]
 fn the_learning_rate_can_change_every_step() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut scheduled = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(4, 32);
@@ -157,6 +160,7 @@ fn the_learning_rate_can_change_every_step() {
 
 #[test]
 fn capture_off_runs_every_step_eagerly_with_the_same_results() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut default = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let config = GraphTrainerConfig::new().with_capture(false);
@@ -177,6 +181,7 @@ fn capture_off_runs_every_step_eagerly_with_the_same_results() {
 
 #[test]
 fn the_report_round_trips_through_json() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     losses(&mut trainer, 5, 4);

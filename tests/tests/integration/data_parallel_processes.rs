@@ -2,9 +2,9 @@
 //! loopback), on the CPU: they train as ranks on threads do, bit for bit, and killing one
 //! rank's process (SIGKILL, mid-training) is a typed error on the others at once.
 //!
-//! Each rank is this test binary run again as `rank_process` (ignored, so it runs only
-//! when started here), told what to do through the environment; it prints one JSON line
-//! per step and one at the end.
+//! Each rank is this test binary run again with only `rank_process` (ignored, so it runs
+//! only when started here), told what to do through the environment; it prints one JSON
+//! line per step and one at the end.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -18,9 +18,7 @@ use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
 use serde_json::{Value, json};
 
-mod common;
-
-use common::{B, adam, loss, model, model_bytes};
+use crate::common::{B, adam, loss, model, model_bytes};
 
 const BATCH: usize = 4;
 const TIME: usize = 6;
@@ -44,6 +42,7 @@ fn env(name: &str) -> String {
 #[test]
 #[ignore = "a rank process, started by the other tests of this file"]
 fn rank_process() {
+    let _rng = crate::common::rng::exclusive();
     if std::env::var_os("DDP_RANK").is_none() {
         return;
     }
@@ -86,19 +85,22 @@ fn rank_process() {
     );
 }
 
-/// The same weights in every process: drawn from a seeded generator.
+/// The same weights in every process: drawn from a seeded generator (Flex's, which is
+/// process-wide: the calling test holds `common::rng` exclusively).
 fn seeded_model_bytes() -> Vec<u8> {
     Flex::seed(&Default::default(), 7);
     model_bytes()
 }
 
-/// Starts rank `rank` of `world` as a process of this binary.
+/// Starts rank `rank` of `world` as a process of this binary, which runs `rank_process`
+/// alone: its test path, without the crate's name (`data_parallel_processes::rank_process`).
 fn spawn_rank(rank: usize, world: usize, address: &str, steps: usize) -> Child {
+    let module = module_path!().split_once("::").map_or("", |(_, path)| path);
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "rank_process",
+            &format!("{module}::rank_process"),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -136,6 +138,7 @@ fn follow(mut child: Child, rank: usize, lines: mpsc::Sender<(usize, Value, Inst
 
 #[test]
 fn rank_processes_train_as_ranks_on_threads_do() {
+    let _rng = crate::common::rng::exclusive();
     const STEPS: usize = 12;
     let (world, address) = (2, free_address());
     let (send, receive) = mpsc::channel();
@@ -202,6 +205,7 @@ fn rank_processes_train_as_ranks_on_threads_do() {
 
 #[test]
 fn killing_a_rank_process_is_a_typed_error_on_the_others_at_once() {
+    let _rng = crate::common::rng::shared();
     let (world, address) = (3, free_address());
     let (send, receive) = mpsc::channel();
     let mut children: Vec<Child> = (0..world)

@@ -21,9 +21,6 @@
 //! seed. A failing program is shrunk (events removed while it still fails) and printed
 //! with its seed; add the seed to `REGRESSION_SEEDS`.
 
-#[path = "common/models.rs"]
-mod models;
-
 use burn::backend::Flex;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -40,9 +37,10 @@ use burn_graph_capture::{
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, LstmRegressor, LstmRegressorConfig, TokenBatch};
-use models::{BnMlp, GruRegressor, Regression, TransposedViews};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+use crate::common::models::{BnMlp, GruRegressor, Regression, TransposedViews};
 
 type T<G> = TrainBackend<G>;
 type Bits = Vec<Vec<u32>>;
@@ -597,14 +595,6 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
     Ok(trace)
 }
 
-/// Burn's RNG is global: programs run one at a time, whatever thread runs the test.
-static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    RNG.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The program's initial model, from its seed; then the RNG is seeded again, so both
 /// runs draw the same random numbers in their steps. (Unseeded Flex gave the graphed and
 /// the eager run different weights on the GPU: seed 0 "failed" there with no step run.)
@@ -762,9 +752,9 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
     trace
 }
 
-/// Runs `program` both ways; `Err` says how they differ.
+/// Runs `program` both ways; `Err` says how they differ. Burn's RNG and the trainers'
+/// seeds are process-wide: the calling test holds `common::rng` exclusively.
 fn run<G: GraphBackend>(program: &Program) -> Result<(), String> {
-    let _serial = rng_lock();
     fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
         let trace = graphed::<G, S>(subject, program, true)?;
         let eager = match program.flags.random {
@@ -861,6 +851,7 @@ fn check<G: GraphBackend>(seeds: impl Iterator<Item = u64>) -> usize {
 
 #[test]
 fn generated_programs_train_as_eager_training() {
+    let _rng = crate::common::rng::exclusive();
     let count: u64 = std::env::var("FUZZ_PROGRAMS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -876,11 +867,13 @@ fn generated_programs_train_as_eager_training() {
 
 #[test]
 fn regression_seeds_train_as_eager_training() {
+    let _rng = crate::common::rng::exclusive();
     check::<Flex>(REGRESSION_SEEDS.iter().copied());
 }
 
 #[test]
 fn the_generator_covers_every_model_flag_and_event() {
+    let _rng = crate::common::rng::shared();
     let programs: Vec<Program> = (0..200).map(Program::generate).collect();
     for kind in [
         Kind::Lstm,
@@ -927,6 +920,7 @@ fn the_generator_covers_every_model_flag_and_event() {
 /// caught.
 #[test]
 fn a_divergence_is_caught() {
+    let _rng = crate::common::rng::exclusive();
     let program = Program {
         seed: 1,
         kind: Kind::Lstm,
@@ -941,7 +935,6 @@ fn a_divergence_is_caught() {
     assert_eq!(run::<Flex>(&program), Ok(()));
     // The same program, but the trainer's copy learns faster: its graphed run differs.
     fn faster(program: &Program) -> Result<(), String> {
-        let _serial = rng_lock();
         let graphed = graphed::<Flex, _>(
             LstmSubject,
             &Program {
@@ -979,6 +972,7 @@ mod gpu {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn fused_programs_train_as_eager_training() {
+        let _rng = crate::common::rng::exclusive();
         let seeds = super::REGRESSION_SEEDS.iter().copied().chain(programs());
         let ran = super::check::<burn_graph_capture::CudaFused>(seeds);
         println!("{ran} programs matched eager training on CudaFused");
@@ -987,6 +981,7 @@ mod gpu {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn cube_programs_train_as_eager_training() {
+        let _rng = crate::common::rng::exclusive();
         let seeds = super::REGRESSION_SEEDS.iter().copied().chain(programs());
         let ran = super::check::<burn_graph_capture::CudaCube>(seeds);
         println!("{ran} programs matched eager training on CudaCube");

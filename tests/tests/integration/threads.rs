@@ -132,11 +132,13 @@ fn threads_train_as_eager<G: GraphBackend>(threads: usize) -> Vec<u64> {
 
 #[test]
 fn two_trainers_on_two_threads_train_as_eager() {
+    let _rng = crate::common::rng::shared();
     threads_train_as_eager::<Flex>(2);
 }
 
 #[test]
 fn four_trainers_on_four_threads_train_as_eager() {
+    let _rng = crate::common::rng::shared();
     threads_train_as_eager::<Flex>(4);
 }
 
@@ -149,6 +151,7 @@ mod gpu {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn four_fused_trainers_on_four_threads_train_as_eager() {
+        let _rng = crate::common::rng::shared();
         let replayed = threads_train_as_eager::<CudaFused>(4);
         println!("replays per trainer: {replayed:?}");
     }
@@ -156,6 +159,7 @@ mod gpu {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn two_cube_trainers_on_two_threads_train_as_eager() {
+        let _rng = crate::common::rng::shared();
         let replayed = threads_train_as_eager::<CudaCube>(2);
         println!("replays per trainer: {replayed:?}");
     }

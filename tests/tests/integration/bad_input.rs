@@ -12,9 +12,7 @@ use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepE
 use lstm_example::train::{from_bytes, parameter_bits, to_bytes};
 use lstm_example::{Batch, LstmRegressorConfig, SineTask};
 
-mod common;
-
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 fn batch(task: &mut SineTask) -> Batch<B> {
     task.next_batch(4, 6, &Default::default())
@@ -32,6 +30,7 @@ fn wider() -> Model {
 
 #[test]
 fn a_batch_of_the_wrong_shape_panics_in_the_step_and_keeps_the_trainer() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(1, 32);
@@ -67,6 +66,7 @@ fn plain_losses(bytes: &[u8], batches: &[Batch<B>]) -> (Vec<u32>, Vec<Vec<u32>>)
 
 #[test]
 fn a_non_finite_loss_propagates_exactly_as_in_eager_training() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut task = SineTask::new(3, 32);
     let mut batches: Vec<Batch<B>> = (0..4).map(|_| batch(&mut task)).collect();
@@ -96,6 +96,7 @@ fn a_non_finite_loss_propagates_exactly_as_in_eager_training() {
 
 #[test]
 fn a_model_of_another_structure_starts_the_graphs_over() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(4, 32);
@@ -122,6 +123,7 @@ fn a_model_of_another_structure_starts_the_graphs_over() {
 
 #[test]
 fn an_optimizer_record_of_another_model_is_refused_until_that_model_is_put_in() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let other = wider();
     let mut trained = adam();

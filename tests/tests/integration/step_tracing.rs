@@ -28,6 +28,7 @@ impl Write for Sink {
 
 #[test]
 fn mode_changes_are_info_and_steps_are_debug() {
+    let _rng = crate::common::rng::shared();
     let sink = Sink::default();
     let writer = sink.clone();
     let subscriber = tracing_subscriber::fmt()

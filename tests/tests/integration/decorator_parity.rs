@@ -11,6 +11,7 @@ const STEPS: usize = 20;
 
 #[test]
 fn lstm_adam_training_is_bit_equal_to_the_inner_backend() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let config = LstmRegressorConfig::new(16);
     let bytes = to_bytes(config.init::<Flex>(&device));

@@ -10,10 +10,8 @@ use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepInput, StepMode};
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
-mod common;
-
-use common::B;
-use common::models::MaskOnly;
+use crate::common::B;
+use crate::common::models::MaskOnly;
 
 const VOCAB: usize = 12;
 
@@ -67,11 +65,13 @@ fn assert_passes_the_guard(loss: impl FnMut(&CharLm<B>, &TokenBatch<B>) -> Tenso
 
 #[test]
 fn listed_tokens_pass_the_guard() {
+    let _rng = crate::common::rng::shared();
     assert_passes_the_guard(|model, batch| model.loss(batch.tokens.clone(), batch.targets.clone()));
 }
 
 #[test]
 fn unlisted_tokens_keep_the_step_eager_and_name_the_reading_op() {
+    let _rng = crate::common::rng::shared();
     let loss = |model: &CharLm<B>, batch: &MaskOnly<B>| {
         let weight = batch.mask.clone().mean();
         model.loss(batch.tokens.tokens.clone(), batch.tokens.targets.clone()) * weight
@@ -101,6 +101,7 @@ fn unlisted_tokens_keep_the_step_eager_and_name_the_reading_op() {
 
 #[test]
 fn a_tensor_built_once_outside_the_step_is_a_constant() {
+    let _rng = crate::common::rng::shared();
     let weights =
         Tensor::<B, 2>::from_floats([[1.0, 0.5, 1.0, 0.5, 1.0, 0.5]; 2], &Default::default());
     assert_passes_the_guard(move |model, batch| {
@@ -111,6 +112,7 @@ fn a_tensor_built_once_outside_the_step_is_a_constant() {
 
 #[test]
 fn a_tensor_replaced_between_steps_outside_the_batch_is_unlisted() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let scale = Rc::new(RefCell::new(Tensor::<B, 1>::ones([1], &device)));
     let read = scale.clone();

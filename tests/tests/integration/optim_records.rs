@@ -110,6 +110,7 @@ fn assert_round_trip<O: CapturableOptimizer<Model, B>>(name: &str, fresh: impl F
 
 #[test]
 fn sgd_with_momentum_round_trips() {
+    let _rng = crate::common::rng::shared();
     assert_round_trip("sgd", || {
         CapturableSgdConfig::new()
             .with_momentum(Some(MomentumConfig::new()))
@@ -119,6 +120,7 @@ fn sgd_with_momentum_round_trips() {
 
 #[test]
 fn adam_round_trips() {
+    let _rng = crate::common::rng::shared();
     assert_round_trip("adam", || {
         CapturableAdamConfig::new()
             .with_amsgrad(true)
@@ -128,6 +130,7 @@ fn adam_round_trips() {
 
 #[test]
 fn adamw_round_trips() {
+    let _rng = crate::common::rng::shared();
     assert_round_trip("adamw", || {
         CapturableAdamWConfig::new().init::<B>(&Default::default())
     });
@@ -136,6 +139,7 @@ fn adamw_round_trips() {
 /// The record holds the learning rate and step count: a loaded optimizer has them.
 #[test]
 fn the_record_holds_lr_and_step_count() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let mut model = from_bytes::<B>(&config(), to_bytes(config().init::<Flex>(&device)), &device);
     let mut optim = CapturableAdamConfig::new().init::<B>(&device);
@@ -166,6 +170,7 @@ fn the_record_holds_lr_and_step_count() {
 /// Burn's `Optimizer` trait uses the same record and the same arithmetic.
 #[test]
 fn burn_optimizer_trait_matches_and_shares_records() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let bytes = to_bytes(config().init::<Flex>(&device));
     let mut ours = from_bytes::<B>(&config(), bytes.clone(), &device);
@@ -204,6 +209,7 @@ fn burn_optimizer_trait_matches_and_shares_records() {
 /// slots in `ParamId` order; a tensor it replaces is the one the next step uses.
 #[test]
 fn visit_state_order_and_replacement() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let mut model = from_bytes::<B>(&config(), to_bytes(config().init::<Flex>(&device)), &device);
     let mut optim = CapturableAdamConfig::new().init::<B>(&device);

@@ -9,10 +9,8 @@ use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::parameter_bits;
 
-mod common;
-
-use common::B;
-use common::models::{BnMlp, Regression, TiedMlp};
+use crate::common::B;
+use crate::common::models::{BnMlp, Regression, TiedMlp};
 
 const STEPS: usize = 8;
 
@@ -89,6 +87,7 @@ fn plain<M: Regressor>(mut model: M, mut after: impl FnMut(M) -> M) -> (Vec<u32>
 
 #[test]
 fn batch_norm_passes_warmup_and_its_running_stats_follow_eager_training() {
+    let _rng = crate::common::rng::shared();
     let model = BnMlp::<B>::new(5, &Default::default());
     // Burn shares a `RunningState` between clones: the trainer takes a state of its own
     // when it is made, so it trains first and the clone starts from the same values.
@@ -111,6 +110,7 @@ fn batch_norm_passes_warmup_and_its_running_stats_follow_eager_training() {
 
 #[test]
 fn a_snapshot_keeps_its_running_stats_while_training_goes_on() {
+    let _rng = crate::common::rng::shared();
     let loss = |model: &BnMlp<B>, batch: &Regression<B>| model.loss(batch);
     let model = BnMlp::<B>::new(5, &Default::default());
     let mut trainer = GraphTrainer::new(model, adam(), loss, GraphTrainerConfig::new());
@@ -135,6 +135,7 @@ fn a_snapshot_keeps_its_running_stats_while_training_goes_on() {
 
 #[test]
 fn a_tied_parameter_passes_warmup_and_stays_tied() {
+    let _rng = crate::common::rng::shared();
     let model = TiedMlp::<B>::new(&Default::default());
     assert!(model.tied());
     // Plain Burn code keeps the tie only by hand: its optimizers update the first field.

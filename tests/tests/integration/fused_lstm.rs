@@ -1,11 +1,6 @@
 //! `FusedLstm` against Burn's `nn::Lstm` on the CPU: same weights, same function, same
 //! gradients (1e-5 relative), conversions both ways, typed refusals, fewer ops per step.
 
-#[path = "common/fused_lstm_parity.rs"]
-mod parity;
-#[path = "common/tolerance.rs"]
-mod tolerance;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::nn::{Lstm, LstmConfig};
@@ -14,22 +9,27 @@ use burn_graph_capture::nn::{FusedLstm, FusedLstmConfig, LstmConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
 use lstm_example::train::{load_bytes, parameter_values, to_bytes};
 
-type A = Autodiff<Flex>;
+use crate::common::fused_lstm_parity::{
+    BASE, Case, Tolerance, compare, compare_within, reference_layers, values,
+};
 
-use parity::{BASE, Case, Tolerance, compare, compare_within, reference_layers, values};
+type A = Autodiff<Flex>;
 
 #[test]
 fn matches_nn_lstm_outputs_states_and_gradients() {
+    let _rng = crate::common::rng::shared();
     compare::<A>(BASE);
 }
 
 #[test]
 fn matches_with_a_single_time_step() {
+    let _rng = crate::common::rng::shared();
     compare::<A>(Case { time: 1, ..BASE });
 }
 
 #[test]
 fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
+    let _rng = crate::common::rng::shared();
     compare::<A>(Case {
         hidden: 33,
         time: 3,
@@ -39,6 +39,7 @@ fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
 
 #[test]
 fn matches_without_bias() {
+    let _rng = crate::common::rng::shared();
     compare::<A>(Case {
         bias: false,
         ..BASE
@@ -47,6 +48,7 @@ fn matches_without_bias() {
 
 #[test]
 fn matches_two_stacked_layers() {
+    let _rng = crate::common::rng::shared();
     compare::<A>(Case { layers: 2, ..BASE });
 }
 
@@ -54,6 +56,7 @@ fn matches_two_stacked_layers() {
 /// 1e-5 of its tensor's largest.
 #[test]
 fn matches_a_larger_batch_within_its_largest_values() {
+    let _rng = crate::common::rng::shared();
     let case = Case {
         batch: 40,
         hidden: 100,
@@ -65,6 +68,7 @@ fn matches_a_larger_batch_within_its_largest_values() {
 
 #[test]
 fn time_major_layout_is_the_transpose() {
+    let _rng = crate::common::rng::shared();
     let fused = FusedLstmConfig::new(4, 8, true).init::<Flex>(&Default::default());
     let time_major = FusedLstm {
         batch_first: false,
@@ -78,6 +82,7 @@ fn time_major_layout_is_the_transpose() {
 
 #[test]
 fn converts_to_nn_lstm_and_back_exactly() {
+    let _rng = crate::common::rng::shared();
     let reference = reference_layers::<A>(Case { layers: 2, ..BASE });
     let fused = FusedLstm::from_lstms(&reference).unwrap();
     let back = fused.to_lstms();
@@ -101,6 +106,7 @@ fn converts_to_nn_lstm_and_back_exactly() {
 
 #[test]
 fn unsupported_options_and_bad_stacks_are_refused_by_name() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let reversed = LstmConfig::new(4, 8, true)
         .with_reverse(true)
@@ -154,6 +160,7 @@ fn count(ops: &[&str], wanted: impl Fn(&str) -> bool) -> usize {
 /// per sequence. `nn::Lstm` runs eight GEMMs per step forward and differentiates each.
 #[test]
 fn the_recurrence_is_one_op_each_way_and_three_gemms_per_layer() {
+    let _rng = crate::common::rng::shared();
     type G = Autodiff<GraphCapture<Flex>>;
     let device = Default::default();
     let config = LstmConfig::new(8, 16, true);
@@ -195,6 +202,7 @@ impl<B: burn_graph_capture::nn::LstmBackend> FusedRegressor<B> {
 /// no unlisted input): on the CPU it reaches `NoHardwareGraphs`, where a GPU captures.
 #[test]
 fn trains_like_nn_lstm_and_passes_the_capture_guards() {
+    let _rng = crate::common::rng::shared();
     use burn_graph_capture::optim::CapturableAdamConfig;
     use burn_graph_capture::{GraphTrainer, GraphTrainerConfig, TrainBackend};
     use lstm_example::{Batch, LstmRegressor, LstmRegressorConfig, SineTask};

@@ -18,10 +18,8 @@ use burn_graph_capture::{
 use lstm_example::train::{parameter_bits, parameter_values, to_bytes};
 use lstm_example::{Batch, CharLmConfig, SineTask, TokenBatch, TokenTask};
 
-mod common;
-
-use common::models::{GruRegressor, Regression};
-use common::{B, Model, adam, loss, model, model_bytes};
+use crate::common::models::{GruRegressor, Regression};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 
 /// Per-rank batch and sequence length of the LSTM runs.
 const BATCH: usize = 4;
@@ -85,6 +83,7 @@ struct RankRun {
 
 #[test]
 fn two_ranks_train_as_one_trainer_on_the_combined_batch_and_stay_bit_identical() {
+    let _rng = crate::common::rng::shared();
     const STEPS: usize = 200;
     let bytes = model_bytes();
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
@@ -146,6 +145,7 @@ fn two_ranks_train_as_one_trainer_on_the_combined_batch_and_stay_bit_identical()
 
 #[test]
 fn one_rank_trains_bit_for_bit_as_a_plain_trainer() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let runs = on_ranks(1, &DataParallelConfig::new(), |member| {
         let mut trainer = rank_trainer(member, &bytes).unwrap();
@@ -175,6 +175,7 @@ fn one_rank_trains_bit_for_bit_as_a_plain_trainer() {
 
 #[test]
 fn every_rank_starts_from_rank_zeros_model_and_optimizer() {
+    let _rng = crate::common::rng::shared();
     let zero = model_bytes();
     let other = model_bytes();
     assert_ne!(zero, other);
@@ -211,6 +212,7 @@ fn every_rank_starts_from_rank_zeros_model_and_optimizer() {
 
 #[test]
 fn a_refused_step_is_refused_on_every_rank_and_training_goes_on() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
         let rank = member.rank();
@@ -248,6 +250,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_rank_that_panics_mid_training_is_a_typed_error_on_the_others_at_once() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let config = DataParallelConfig::new().with_timeout_secs(PATIENCE.as_secs_f64());
     let runs = on_ranks(3, &config, |member| {
@@ -298,6 +301,7 @@ fn a_rank_that_panics_mid_training_is_a_typed_error_on_the_others_at_once() {
 
 #[test]
 fn a_rank_that_stops_stepping_times_the_others_out() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let config = DataParallelConfig::new().with_timeout_secs(0.3);
     let runs = on_ranks(2, &config, |member| {
@@ -328,6 +332,7 @@ fn a_rank_that_stops_stepping_times_the_others_out() {
 
 #[test]
 fn a_rank_that_leaves_early_is_named_by_the_others() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
         let rank = member.rank();
@@ -346,6 +351,7 @@ fn a_rank_that_leaves_early_is_named_by_the_others() {
 
 #[test]
 fn ranks_of_other_models_are_refused_when_they_join() {
+    let _rng = crate::common::rng::shared();
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
         let hidden = 6 + 2 * member.rank();
         let device = Default::default();
@@ -370,6 +376,7 @@ fn ranks_of_other_models_are_refused_when_they_join() {
 
 #[test]
 fn an_error_inside_one_ranks_step_fails_every_rank() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
         let rank = member.rank();
@@ -418,6 +425,7 @@ fn an_error_inside_one_ranks_step_fails_every_rank() {
 
 #[test]
 fn abort_stops_every_rank() {
+    let _rng = crate::common::rng::shared();
     let bytes = model_bytes();
     let group = DataParallel::new(2, &DataParallelConfig::new()).unwrap();
     let members = group.members().unwrap();
@@ -456,6 +464,7 @@ fn abort_stops_every_rank() {
 
 #[test]
 fn a_gru_with_evaluation_and_checkpoints_on_rank_zero_stays_identical_across_ranks() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let start = to_bytes(GruRegressor::<B>::new(6, &device));
     let runs = on_ranks(2, &DataParallelConfig::new(), |member| {
@@ -498,6 +507,7 @@ fn a_gru_with_evaluation_and_checkpoints_on_rank_zero_stays_identical_across_ran
 
 #[test]
 fn a_token_model_with_an_embedding_stays_identical_across_ranks() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let config = CharLmConfig::new(12, 8);
     let start = to_bytes(config.init::<B>(&device));

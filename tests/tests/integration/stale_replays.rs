@@ -20,10 +20,8 @@ use burn_graph_capture::{
 };
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 
-mod common;
-
-use common::models::{D_IN, Regression, materialized};
-use common::{B, adam};
+use crate::common::models::{D_IN, Regression, materialized};
+use crate::common::{B, adam};
 
 /// An MLP whose hidden width can grow: `D_IN -> hidden -> 1`.
 #[derive(Module, Debug)]
@@ -193,6 +191,7 @@ fn change_mid_run(change: impl Fn(Mlp<B>) -> Mlp<B>) -> (Mlp<B>, CapturableAdam<
 
 #[test]
 fn a_parameter_resized_under_its_id_gets_fresh_state_of_its_new_size() {
+    let _rng = crate::common::rng::shared();
     let (model, mut optimizer) = change_mid_run(|model| widened(model, 2));
     let sizes = state_sizes(&mut optimizer);
     let params = [
@@ -212,6 +211,7 @@ fn a_parameter_resized_under_its_id_gets_fresh_state_of_its_new_size() {
 
 #[test]
 fn a_checkpoint_of_another_size_loads_and_trains() {
+    let _rng = crate::common::rng::shared();
     let (model, _) = change_mid_run(|model| {
         let device = Default::default();
         load_bytes(
@@ -225,6 +225,7 @@ fn a_checkpoint_of_another_size_loads_and_trains() {
 
 #[test]
 fn a_head_reinitialised_at_the_same_size_trains_and_the_run_resumes() {
+    let _rng = crate::common::rng::shared();
     let head = materialized(LinearConfig::new(4, 1).init::<B>(&Default::default()));
     let head_id = head.weight.id;
     let change = move |model: Mlp<B>| Mlp {
@@ -259,6 +260,7 @@ fn a_head_reinitialised_at_the_same_size_trains_and_the_run_resumes() {
 
 #[test]
 fn unfreezing_a_layer_gives_it_state_and_trains_it() {
+    let _rng = crate::common::rng::shared();
     let start = Mlp::<B>::new(4, &Default::default());
     let frozen = Mlp {
         first: start.first.clone().no_grad(),
@@ -291,6 +293,7 @@ fn unfreezing_a_layer_gives_it_state_and_trains_it() {
 
 #[test]
 fn an_optimizer_that_cannot_refit_refuses_the_step_and_keeps_the_model() {
+    let _rng = crate::common::rng::shared();
     /// Adam without `fit_state`: the trait's default only adds state.
     struct NoRefit(CapturableAdam<B>);
     impl CapturableOptimizer<Mlp<B>, B> for NoRefit {
@@ -343,6 +346,7 @@ fn an_optimizer_that_cannot_refit_refuses_the_step_and_keeps_the_model() {
 /// or positional encoding cached on first use).
 #[test]
 fn a_constant_built_lazily_inside_the_step_settles_after_a_restart() {
+    let _rng = crate::common::rng::shared();
     let cache: RefCell<Option<Tensor<B, 2>>> = RefCell::new(None);
     let step_fn = |model: &Mlp<B>, batch: &Regression<B>| {
         let mask = cache
@@ -369,6 +373,7 @@ fn a_constant_built_lazily_inside_the_step_settles_after_a_restart() {
 /// first step its buffers are the trainer's own, later they are a constant.
 #[test]
 fn an_anchor_cloned_from_the_initial_model_is_a_constant() {
+    let _rng = crate::common::rng::shared();
     let start = Mlp::<B>::new(4, &Default::default());
     let anchor = start.clone();
     let step_fn = move |model: &Mlp<B>, batch: &Regression<B>| {
@@ -388,6 +393,7 @@ fn an_anchor_cloned_from_the_initial_model_is_a_constant() {
 /// frequent shape still warms up (on a GPU: graphs).
 #[test]
 fn a_shape_seen_once_does_not_block_a_frequent_one() {
+    let _rng = crate::common::rng::shared();
     let config = GraphTrainerConfig::new()
         .with_warmup_steps(1)
         .with_max_graphs(1);
@@ -419,6 +425,7 @@ fn a_shape_seen_once_does_not_block_a_frequent_one() {
 /// updates: only then do they part, and neither shares any more.
 #[test]
 fn trainers_built_from_clones_share_until_their_first_update() {
+    let _rng = crate::common::rng::shared();
     let start = Mlp::<B>::new(4, &Default::default());
     let mut first = trainer(start.clone());
     let mut second = trainer(start.clone());

@@ -8,6 +8,7 @@ type B = GraphCapture<Flex>;
 
 #[test]
 fn flex_has_no_hardware_graphs_and_no_arena() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     assert!(!B::supports_hardware_graphs(&device));
     let mut ran = false;
@@ -23,6 +24,7 @@ fn flex_has_no_hardware_graphs_and_no_arena() {
 
 #[test]
 fn buffer_identity_follows_storage() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let a = Tensor::<B, 1>::ones([3], &device);
     let b = Tensor::<B, 1>::ones([3], &device);

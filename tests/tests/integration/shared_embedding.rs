@@ -72,13 +72,9 @@ impl<B: Backend> TokenLm<B> {
 type T<G> = TrainBackend<G>;
 
 /// Two models from seeded weights (on Flex, then loaded onto `G`); the second has the
-/// first's embedding when `share`.
+/// first's embedding when `share`. Flex's RNG is process-wide: the calling test holds
+/// `common::rng` exclusively.
 fn models<G: GraphBackend>(share: bool) -> (TokenLm<T<G>>, TokenLm<T<G>>) {
-    // Flex's RNG is global: the tests of this file draw one at a time.
-    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _serial = RNG
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let device = Default::default();
     let bytes = |seed| {
         Flex::seed(&Default::default(), seed);
@@ -230,6 +226,7 @@ fn scenario<G: GraphBackend>(share: bool, time: usize, steps: usize) {
 /// The CPU runs in CI (debug builds) are shorter: 6 steps at 16 and 64 tokens.
 #[test]
 fn two_trainers_sharing_an_embedding_train_as_eager() {
+    let _rng = crate::common::rng::exclusive();
     for time in [16, 64] {
         scenario::<Flex>(true, time, 6);
     }
@@ -237,6 +234,7 @@ fn two_trainers_sharing_an_embedding_train_as_eager() {
 
 #[test]
 fn two_trainers_sharing_nothing_train_as_eager() {
+    let _rng = crate::common::rng::exclusive();
     for time in [16, 64] {
         scenario::<Flex>(false, time, 6);
     }
@@ -260,24 +258,28 @@ mod gpu {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn fused_pairs_sharing_an_embedding_at_depth() {
+        let _rng = crate::common::rng::exclusive();
         at_depth::<CudaFused>(true);
     }
 
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn fused_pairs_sharing_nothing_at_depth() {
+        let _rng = crate::common::rng::exclusive();
         at_depth::<CudaFused>(false);
     }
 
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn cube_pairs_sharing_an_embedding_at_depth() {
+        let _rng = crate::common::rng::exclusive();
         at_depth::<CudaCube>(true);
     }
 
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn cube_pairs_sharing_nothing_at_depth() {
+        let _rng = crate::common::rng::exclusive();
         at_depth::<CudaCube>(false);
     }
 }

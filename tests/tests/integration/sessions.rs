@@ -18,6 +18,7 @@ fn op_names(recording: &burn_graph_capture::Recording) -> Vec<&'static str> {
 
 #[test]
 fn ops_outside_a_session_are_not_recorded() {
+    let _rng = crate::common::rng::shared();
     let x = ones(3);
     let _ = x.clone().exp();
     let (_, recording) = CaptureSession::record(|| x.clone().log());
@@ -26,6 +27,7 @@ fn ops_outside_a_session_are_not_recorded() {
 
 #[test]
 fn nested_sessions_see_their_own_scope() {
+    let _rng = crate::common::rng::shared();
     let x = ones(3);
     let outer = CaptureSession::begin();
     let _ = x.clone().exp();
@@ -38,6 +40,7 @@ fn nested_sessions_see_their_own_scope() {
 
 #[test]
 fn overlapping_sessions_close_in_any_order() {
+    let _rng = crate::common::rng::shared();
     let x = ones(3);
     let first = CaptureSession::begin();
     let _ = x.clone().exp();
@@ -55,6 +58,7 @@ fn overlapping_sessions_close_in_any_order() {
 
 #[test]
 fn a_panicking_step_leaves_no_session_open() {
+    let _rng = crate::common::rng::shared();
     let result = std::panic::catch_unwind(|| {
         let _session = CaptureSession::begin();
         let _ = ones(2).exp();
@@ -67,6 +71,7 @@ fn a_panicking_step_leaves_no_session_open() {
 
 #[test]
 fn threads_do_not_see_each_other() {
+    let _rng = crate::common::rng::shared();
     let barrier = Arc::new(Barrier::new(2));
     let run = |op: fn(Tensor<B, 1>) -> Tensor<B, 1>, barrier: Arc<Barrier>| {
         std::thread::spawn(move || {

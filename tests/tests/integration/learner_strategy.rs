@@ -117,6 +117,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn the_strategy_trains_as_burn_trains_own_loop() {
+    let _rng = crate::common::rng::shared();
     let setup = Setup {
         epochs: 2,
         ..Setup::default()
@@ -140,6 +141,7 @@ fn the_strategy_trains_as_burn_trains_own_loop() {
 
 #[test]
 fn checkpoints_hold_the_strategys_optimizer_and_resume_exactly() {
+    let _rng = crate::common::rng::shared();
     let straight = graphed(
         &temp_dir("straight"),
         &Setup {
@@ -177,6 +179,7 @@ fn checkpoints_hold_the_strategys_optimizer_and_resume_exactly() {
 
 #[test]
 fn gradient_accumulation_falls_back_to_burn_trains_loop_with_its_reason() {
+    let _rng = crate::common::rng::shared();
     let setup = Setup {
         epochs: 1,
         accumulate: Some(2),
@@ -195,6 +198,7 @@ fn gradient_accumulation_falls_back_to_burn_trains_loop_with_its_reason() {
 
 #[test]
 fn an_interrupted_training_stops_after_the_step_in_flight() {
+    let _rng = crate::common::rng::shared();
     let setup = Setup {
         epochs: 2,
         interrupt: true,

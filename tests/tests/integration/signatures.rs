@@ -39,6 +39,7 @@ fn model() -> LstmRegressor<B> {
 
 #[test]
 fn identical_steps_have_equal_signatures() {
+    let _rng = crate::common::rng::shared();
     let mut model = model();
     let mut task = SineTask::new(1, 32);
     let first = sgd_step_signature(&mut model, &mut task, (4, 6));
@@ -50,6 +51,7 @@ fn identical_steps_have_equal_signatures() {
 
 #[test]
 fn the_backward_pass_is_recorded() {
+    let _rng = crate::common::rng::shared();
     let model = model();
     let device = Default::default();
     let batch = SineTask::new(1, 32).next_batch::<B>(4, 6, &device);
@@ -60,6 +62,7 @@ fn the_backward_pass_is_recorded() {
 
 #[test]
 fn batch_size_changes_the_signature() {
+    let _rng = crate::common::rng::shared();
     let mut model = model();
     let mut task = SineTask::new(1, 32);
     let a = sgd_step_signature(&mut model, &mut task, (4, 6));
@@ -74,6 +77,7 @@ fn batch_size_changes_the_signature() {
 
 #[test]
 fn sequence_length_changes_the_signature() {
+    let _rng = crate::common::rng::shared();
     let mut model = model();
     let mut task = SineTask::new(1, 32);
     let a = sgd_step_signature(&mut model, &mut task, (4, 6));
@@ -84,6 +88,7 @@ fn sequence_length_changes_the_signature() {
 
 #[test]
 fn a_host_dependent_branch_changes_the_signature() {
+    let _rng = crate::common::rng::shared();
     let model = model();
     let device = Default::default();
     let batch = SineTask::new(1, 32).next_batch::<B>(4, 6, &device);
@@ -105,6 +110,7 @@ fn a_host_dependent_branch_changes_the_signature() {
 /// first step also differs in structure: the moment buffers do not exist yet.)
 #[test]
 fn step_varying_host_scalars_change_the_signature() {
+    let _rng = crate::common::rng::shared();
     let mut model = model();
     let device = Default::default();
     let mut task = SineTask::new(1, 32);

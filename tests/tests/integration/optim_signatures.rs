@@ -89,18 +89,21 @@ fn assert_capturable(name: &str, mut optim: impl CapturableOptimizer<Model, B>) 
 
 #[test]
 fn sgd_with_momentum_steps_are_static() {
+    let _rng = crate::common::rng::shared();
     let config = CapturableSgdConfig::new().with_momentum(Some(MomentumConfig::new()));
     assert_capturable("sgd", config.init::<B>(&Default::default()));
 }
 
 #[test]
 fn adam_steps_are_static() {
+    let _rng = crate::common::rng::shared();
     let config = CapturableAdamConfig::new().with_amsgrad(true);
     assert_capturable("adam", config.init::<B>(&Default::default()));
 }
 
 #[test]
 fn adamw_steps_are_static() {
+    let _rng = crate::common::rng::shared();
     let config = CapturableAdamWConfig::new().with_cautious_weight_decay(true);
     assert_capturable("adamw", config.init::<B>(&Default::default()));
 }
@@ -109,6 +112,7 @@ fn adamw_steps_are_static() {
 /// signature sees it change.
 #[test]
 fn burn_sgd_steps_change_with_the_lr() {
+    let _rng = crate::common::rng::shared();
     let mut optim = SgdConfig::new().init::<B, Model>();
     let recorded = signatures(|lr, model, grads| optim.step(lr, model, grads));
     assert_eq!(recorded[0].len(), recorded[1].len());
@@ -119,6 +123,7 @@ fn burn_sgd_steps_change_with_the_lr() {
 /// that is why the step API calls `init_state` before warmup.
 #[test]
 fn without_init_state_the_first_step_differs() {
+    let _rng = crate::common::rng::shared();
     let mut optim = CapturableAdamConfig::new().init::<B>(&Default::default());
     let recorded =
         signatures(|_, model, grads| CapturableOptimizer::step(&mut optim, model, grads));

@@ -2,11 +2,6 @@
 //! same gradients (1e-5 relative), conversions both ways, typed refusals, and the batched
 //! form (one recurrent GEMM per step each way, the weight gradient once).
 
-#[path = "common/fused_gru_parity.rs"]
-mod parity;
-#[path = "common/tolerance.rs"]
-mod tolerance;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::nn::GruConfig;
@@ -15,17 +10,21 @@ use burn_graph_capture::nn::{FusedGru, FusedGruConfig, GruConversionError};
 use burn_graph_capture::{CaptureSession, GraphCapture};
 use lstm_example::train::parameter_values;
 
-use parity::{GRU_BASE, GruCase, Tolerance, compare_gru, compare_gru_within, reference_grus};
+use crate::common::fused_gru_parity::{
+    GRU_BASE, GruCase, Tolerance, compare_gru, compare_gru_within, reference_grus,
+};
 
 type A = Autodiff<Flex>;
 
 #[test]
 fn matches_nn_gru_outputs_states_and_gradients() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GRU_BASE);
 }
 
 #[test]
 fn matches_with_a_single_time_step() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GruCase {
         time: 1,
         ..GRU_BASE
@@ -34,6 +33,7 @@ fn matches_with_a_single_time_step() {
 
 #[test]
 fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GruCase {
         hidden: 33,
         time: 3,
@@ -43,6 +43,7 @@ fn matches_with_a_hidden_size_that_is_not_a_multiple_of_32() {
 
 #[test]
 fn matches_without_bias() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GruCase {
         bias: false,
         ..GRU_BASE
@@ -51,6 +52,7 @@ fn matches_without_bias() {
 
 #[test]
 fn matches_two_stacked_layers() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GruCase {
         layers: 2,
         ..GRU_BASE
@@ -59,6 +61,7 @@ fn matches_two_stacked_layers() {
 
 #[test]
 fn matches_with_batch_one() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<A>(GruCase {
         batch: 1,
         ..GRU_BASE
@@ -67,6 +70,7 @@ fn matches_with_batch_one() {
 
 #[test]
 fn matches_through_the_decorator() {
+    let _rng = crate::common::rng::shared();
     compare_gru::<Autodiff<GraphCapture<Flex>>>(GruCase {
         layers: 2,
         ..GRU_BASE
@@ -75,6 +79,7 @@ fn matches_through_the_decorator() {
 
 #[test]
 fn converts_to_nn_gru_and_back_exactly() {
+    let _rng = crate::common::rng::shared();
     let reference = reference_grus::<A>(GruCase {
         layers: 2,
         ..GRU_BASE
@@ -96,6 +101,7 @@ fn converts_to_nn_gru_and_back_exactly() {
 
 #[test]
 fn options_it_does_not_compute_are_refused_by_name() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let refused = |config: GruConfig| FusedGru::<Flex>::from_gru(&config.init(&device));
     assert_eq!(
@@ -122,6 +128,7 @@ fn options_it_does_not_compute_are_refused_by_name() {
 
 #[test]
 fn a_fresh_module_has_packed_shapes_and_trains_its_weights() {
+    let _rng = crate::common::rng::shared();
     let fused = FusedGruConfig::new(4, 8, true)
         .with_num_layers(2)
         .init::<A>(&Default::default());
@@ -146,6 +153,7 @@ fn a_fresh_module_has_packed_shapes_and_trains_its_weights() {
 /// kernels), so a capture session sees what it reads and makes.
 #[test]
 fn the_recurrence_is_one_recorded_op_each_way() {
+    let _rng = crate::common::rng::shared();
     type D = Autodiff<GraphCapture<Flex>>;
     let (batch, time) = (3, 5);
     let fused = FusedGruConfig::new(4, 8, true).init::<D>(&Default::default());
@@ -172,6 +180,7 @@ fn the_recurrence_is_one_recorded_op_each_way() {
 /// 1e-5 of its tensor's largest.
 #[test]
 fn matches_a_larger_batch_within_its_largest_values() {
+    let _rng = crate::common::rng::shared();
     let case = GruCase {
         batch: 40,
         hidden: 100,
@@ -186,6 +195,7 @@ fn matches_a_larger_batch_within_its_largest_values() {
 /// before training.
 #[test]
 fn the_example_trains_a_fused_gru() {
+    let _rng = crate::common::rng::shared();
     use burn::module::AutodiffModule;
     use burn_graph_capture::TrainBackend;
     use clap::Parser;

@@ -20,6 +20,7 @@ fn first_rust_block(path: &str) -> Vec<String> {
 
 #[test]
 fn the_readme_quick_start_is_the_guides() {
+    let _rng = crate::common::rng::shared();
     let readme = first_rust_block("README.md");
     let guide = first_rust_block("book/src/quickstart.md");
     assert!(readme.len() > 20, "the quick start is a whole program");

@@ -182,6 +182,7 @@ fn momentum() -> MomentumConfig {
 
 #[test]
 fn sgd_with_momentum() {
+    let _rng = crate::common::rng::shared();
     let momentum = Some(momentum());
     assert_parity(
         "sgd momentum",
@@ -195,6 +196,7 @@ fn sgd_with_momentum() {
 
 #[test]
 fn sgd_with_nesterov_momentum() {
+    let _rng = crate::common::rng::shared();
     let momentum = Some(momentum().with_dampening(0.0).with_nesterov(true));
     assert_parity(
         "sgd nesterov",
@@ -208,6 +210,7 @@ fn sgd_with_nesterov_momentum() {
 
 #[test]
 fn sgd_with_weight_decay() {
+    let _rng = crate::common::rng::shared();
     let decay = Some(WeightDecayConfig::new(0.05));
     let momentum = Some(momentum());
     assert_parity(
@@ -226,6 +229,7 @@ fn sgd_with_weight_decay() {
 
 #[test]
 fn sgd_with_a_schedule() {
+    let _rng = crate::common::rng::shared();
     let momentum = Some(momentum());
     assert_parity(
         "sgd schedule",
@@ -239,6 +243,7 @@ fn sgd_with_a_schedule() {
 
 #[test]
 fn adam() {
+    let _rng = crate::common::rng::shared();
     assert_parity(
         "adam",
         AdamConfig::new().init(),
@@ -249,6 +254,7 @@ fn adam() {
 
 #[test]
 fn adam_with_weight_decay() {
+    let _rng = crate::common::rng::shared();
     let decay = Some(WeightDecayConfig::new(0.01));
     assert_parity(
         "adam weight decay",
@@ -262,6 +268,7 @@ fn adam_with_weight_decay() {
 
 #[test]
 fn adam_amsgrad_with_a_schedule() {
+    let _rng = crate::common::rng::shared();
     assert_parity(
         "adam amsgrad schedule",
         AdamConfig::new().with_amsgrad(true).init(),
@@ -274,6 +281,7 @@ fn adam_amsgrad_with_a_schedule() {
 
 #[test]
 fn adamw() {
+    let _rng = crate::common::rng::shared();
     assert_parity(
         "adamw",
         AdamWConfig::new().with_weight_decay(0.05).init(),
@@ -286,6 +294,7 @@ fn adamw() {
 
 #[test]
 fn adamw_with_a_schedule() {
+    let _rng = crate::common::rng::shared();
     assert_parity(
         "adamw schedule",
         AdamWConfig::new().with_weight_decay(0.05).init(),
@@ -298,6 +307,7 @@ fn adamw_with_a_schedule() {
 
 #[test]
 fn adamw_cautious_weight_decay() {
+    let _rng = crate::common::rng::shared();
     assert_parity(
         "adamw cautious",
         AdamWConfig::new()
@@ -315,6 +325,7 @@ fn adamw_cautious_weight_decay() {
 /// The device table returns Burn's host values for every step until saturation.
 #[test]
 fn bias_corrections_equal_burns_host_values() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     for beta in [0.9f32, 0.99, 0.999] {
         let correction = BiasCorrection::<Flex>::new(beta, &device);
@@ -333,6 +344,7 @@ fn bias_corrections_equal_burns_host_values() {
 /// For a `beta` whose table does not saturate, later steps use the approximation.
 #[test]
 fn bias_corrections_beyond_the_table_are_approximate() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let beta = 0.99999f32;
     let correction = BiasCorrection::<Flex>::new(beta, &device);
@@ -353,6 +365,7 @@ fn bias_corrections_beyond_the_table_are_approximate() {
 /// Why the table: `exp(t * ln beta)` on the device is not `powi` on the host.
 #[test]
 fn approximate_corrections_are_not_burns() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let differing = (1..=50)
         .filter(|&t| {

@@ -20,16 +20,8 @@ type Model = DropoutLstmRegressor<B>;
 const D_INPUT: usize = 4;
 const WARMUP: usize = 3;
 
-/// Seeds are per device and Flex has one: the tests seed and build trainers one at a time.
-static SEEDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SEEDING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A seeded model (the weights, and the stream of the trainer made next).
+/// A seeded model (the weights, and the stream of the trainer made next). Seeds and
+/// streams are process-wide: every test here holds `common::rng` exclusively.
 fn seeded_model(seed: u64) -> Model {
     let device = Default::default();
     B::seed(&device, seed);
@@ -68,7 +60,7 @@ fn run(model: Model, lr: f64, steps: usize, extra_random: bool) -> (Vec<u32>, Ve
 
 #[test]
 fn dropout_breaks_no_capture_but_other_random_ops_do() {
-    let _serial = serial();
+    let _rng = crate::common::rng::exclusive();
     let (_, modes) = run(seeded_model(1), 1e-2, WARMUP + 2, false);
     // After warmup only the missing hardware graphs keep the steps eager.
     for mode in &modes[WARMUP..] {
@@ -86,7 +78,7 @@ fn dropout_breaks_no_capture_but_other_random_ops_do() {
 
 #[test]
 fn every_step_draws_fresh_masks() {
-    let _serial = serial();
+    let _rng = crate::common::rng::exclusive();
     // With a zero learning rate the weights stay: only the masks change the loss.
     let (losses, _) = run(seeded_model(2), 0.0, 6, false);
     for (i, a) in losses.iter().enumerate() {
@@ -98,7 +90,7 @@ fn every_step_draws_fresh_masks() {
 
 #[test]
 fn a_seed_draws_the_same_masks_again_and_another_seed_does_not() {
-    let _serial = serial();
+    let _rng = crate::common::rng::exclusive();
     let (first, _) = run(seeded_model(5), 1e-2, 6, false);
     let (again, _) = run(seeded_model(5), 1e-2, 6, false);
     assert_eq!(first, again);
@@ -108,7 +100,7 @@ fn a_seed_draws_the_same_masks_again_and_another_seed_does_not() {
 
 #[test]
 fn reseeding_between_steps_starts_the_stream_over() {
-    let _serial = serial();
+    let _rng = crate::common::rng::exclusive();
     let model = seeded_model(9);
     let sgd = CapturableSgdConfig::new().init::<B>(&Default::default());
     let loss = |m: &Model, b: &Batch<B>| m.mse(b.x.clone(), b.y.clone());
@@ -193,7 +185,7 @@ fn token_run(capture: bool) -> (Vec<u32>, Vec<StepMode>) {
 
 #[test]
 fn a_token_model_with_dropout_trains_as_with_capture_off_through_reloads_and_evaluation() {
-    let _serial = serial();
+    let _rng = crate::common::rng::exclusive();
     let (graphed, modes) = token_run(true);
     let (eager, _) = token_run(false);
     assert_eq!(graphed, eager);

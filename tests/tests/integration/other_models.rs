@@ -8,10 +8,8 @@ use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 
-mod common;
-
-use common::B;
-use common::models::{GruRegressor, Regression};
+use crate::common::B;
+use crate::common::models::{GruRegressor, Regression};
 
 const STEPS: usize = 8;
 
@@ -21,6 +19,7 @@ fn batch(step: usize) -> Regression<B> {
 
 #[test]
 fn a_gru_with_evaluation_and_checkpoints_between_steps_trains_as_plain_burn() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let model = GruRegressor::<B>::new(6, &device);
     let bytes = to_bytes(model.clone());

@@ -8,9 +8,7 @@ use burn_graph_capture::{
 };
 use lstm_example::{CharLm, CharLmConfig, TokenBatch, TokenTask};
 
-mod common;
-
-use common::B;
+use crate::common::{self, B};
 
 type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
@@ -63,6 +61,7 @@ fn describe(tensors: &[AnyTensor<Inner>]) -> Vec<(&'static str, Vec<usize>)> {
 
 #[test]
 fn the_derive_lists_every_field_in_declaration_order_nested_ones_included() {
+    let _rng = crate::common::rng::shared();
     let tensors = nested(0).tensors();
     assert_eq!(
         describe(&tensors),
@@ -84,6 +83,7 @@ fn the_derive_lists_every_field_in_declaration_order_nested_ones_included() {
 
 #[test]
 fn the_derive_rebuilds_the_batch_from_replacement_tensors_in_order() {
+    let _rng = crate::common::rng::shared();
     let original = nested(3);
     let other = Nested {
         weights: Tensor::from_floats([5.0, 6.0], &Default::default()),
@@ -127,6 +127,7 @@ fn token_trainer(config: GraphTrainerConfig) -> TokenTrainer {
 
 #[test]
 fn int_batches_are_keyed_by_their_shapes() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let mut trainer = token_trainer(
         GraphTrainerConfig::new()
@@ -158,6 +159,7 @@ fn int_batches_are_keyed_by_their_shapes() {
 
 #[test]
 fn host_key_fields_key_graphs() {
+    let _rng = crate::common::rng::shared();
     let device = burn::backend::flex::FlexDevice;
     let model = common::models::BnMlp::<B>::new(4, &device);
     #[derive(Clone, StepInput)]
@@ -197,6 +199,7 @@ fn host_key_fields_key_graphs() {
 
 #[test]
 fn an_empty_int_tensor_is_refused_by_kind_and_position() {
+    let _rng = crate::common::rng::shared();
     let device = Default::default();
     let mut trainer = token_trainer(GraphTrainerConfig::new());
     let empty = TokenBatch::<B> {
