@@ -92,8 +92,9 @@ fn captured() -> (Prim, Prim, <B as GraphBackend>::Graph) {
         let y = step(wrap(x.clone()));
         copy_into(&out, &prim(y)).expect("recorded copy_into");
     })
-    .expect("capture_begin");
-    (x, out, graph.expect("capture_end"))
+    .recorded()
+    .expect("a recorded graph");
+    (x, out, graph)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! - CubeCL's matmul on this crate's plain stack (`CudaCube`), autotuned first;
 //! - cuBLAS `sgemm` (cudarc, loaded dynamically; default math mode, so no TF32) on a
 //!   stream of its own;
-//! - the runtime's own route, `GraphBackend::matmul` (cuBLAS on the runtime's stream,
+//! - the runtime's own route, `RoutedMatmul::matmul` (cuBLAS on the runtime's stream,
 //!   each GEMM queued on the device's server like a kernel launch);
 //!
 //! each as the median over rounds of `ITERS` launches queued back to back and one sync,
@@ -23,7 +23,7 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::TensorPrimitive;
 use burn_graph_capture::runtime::CudaGraphDevice;
-use burn_graph_capture::{CudaCube, GraphBackend};
+use burn_graph_capture::{CudaCube, RoutedMatmul};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -145,10 +145,10 @@ struct Row {
     routed_error: f64,
 }
 
-/// `lhs @ rhs` as the decorator runs it: `GraphBackend::matmul`, which this runtime
+/// `lhs @ rhs` as the decorator runs it: `RoutedMatmul::matmul`, which this runtime
 /// routes to cuBLAS on its own stream.
 fn routed(lhs: &Tensor<CudaCube, 2>, rhs: &Tensor<CudaCube, 2>) -> Tensor<CudaCube, 2> {
-    let product = <CudaCube as GraphBackend>::matmul(
+    let product = <CudaCube as RoutedMatmul>::matmul(
         lhs.clone().into_primitive().tensor(),
         rhs.clone().into_primitive().tensor(),
     );

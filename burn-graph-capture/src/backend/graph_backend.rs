@@ -141,6 +141,15 @@ pub enum Captured<R, G> {
 }
 
 impl<R, G> Captured<R, G> {
+    /// The output and the graph, or why there is no graph (a broken window's output is
+    /// dropped: nothing it recorded ran).
+    pub fn recorded(self) -> Result<(R, G), GraphError> {
+        match self {
+            Captured::Recorded { output, graph } => Ok((output, graph)),
+            Captured::Refused(error) | Captured::Broken { error, .. } => Err(error),
+        }
+    }
+
     /// The same outcome with the graph turned into another type.
     pub fn map_graph<H>(self, f: impl FnOnce(G) -> H) -> Captured<R, H> {
         match self {

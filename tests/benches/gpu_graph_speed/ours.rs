@@ -5,11 +5,12 @@
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn_graph_capture::nn::{GruKernels, LstmKernels};
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
 use burn_graph_capture::{
-    DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig, RankMember,
-    StepMode, TrainBackend, TrainerReport,
+    Collectives, DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig,
+    RankMember, StepMode, TrainBackend, TrainerReport,
 };
 use lstm_example::Batch;
 
@@ -18,8 +19,14 @@ use crate::setup::{BenchModel, WARMUP, Workload, loss};
 use crate::timing::{self, Timing};
 
 /// A stack of this crate's runtime that `GraphTrainer` can capture.
-pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
-impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
+pub trait Stack:
+    GraphBackend<Device = CudaGraphDevice> + LstmKernels + GruKernels + Collectives
+{
+}
+impl<G> Stack for G where
+    G: GraphBackend<Device = CudaGraphDevice> + LstmKernels + GruKernels + Collectives
+{
+}
 
 /// A model the bench trains on stack `G`.
 pub trait Model<G: Stack>: BenchModel<TrainBackend<G>> + AutodiffModule<TrainBackend<G>> {}

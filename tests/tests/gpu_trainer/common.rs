@@ -7,22 +7,31 @@ use burn::optim::GradientsParams;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::prelude::*;
-use burn_graph_capture::nn::{RecurrencePreference, set_recurrence_preference};
+use burn_graph_capture::nn::{
+    GruKernels, LstmKernels, RecurrencePreference, set_recurrence_preference,
+};
 use burn_graph_capture::optim::{
     CapturableAdam, CapturableAdamConfig, CapturableAdamW, CapturableAdamWConfig,
     CapturableOptimizer, CapturableSgd, CapturableSgdConfig,
 };
 use burn_graph_capture::runtime::{CudaGraphDevice, with_server};
 use burn_graph_capture::{
-    FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
-    TrainerReport,
+    Collectives, FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepMode,
+    TrainBackend, TrainerReport,
 };
 use lstm_example::train::{from_bytes, parameter_values, to_bytes};
 use lstm_example::{LstmRegressor, LstmRegressorConfig, SineTask};
 
-/// An inner backend stack on this crate's CUDA runtime (`CudaCube`, `CudaFused`).
-pub trait Stack: GraphBackend<Device = CudaGraphDevice> {}
-impl<G: GraphBackend<Device = CudaGraphDevice>> Stack for G {}
+/// An inner backend stack on this crate's CUDA runtime (`CudaCube`, `CudaFused`), with
+/// every capability the tests use: graphs, the recurrences' kernels, collectives.
+pub trait Stack:
+    GraphBackend<Device = CudaGraphDevice> + LstmKernels + GruKernels + Collectives
+{
+}
+impl<G> Stack for G where
+    G: GraphBackend<Device = CudaGraphDevice> + LstmKernels + GruKernels + Collectives
+{
+}
 
 /// A short name of the stack for logs: "fused" or "cube".
 pub fn stack_name<G: Stack>() -> &'static str {

@@ -17,8 +17,8 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn_graph_capture::runtime::{CudaGraphRuntime, with_server};
 use burn_graph_capture::{
-    DataParallel, DataParallelConfig, DistError, GraphTrainer, GraphTrainerConfig, StepError,
-    StepMode,
+    Captured, DataParallel, DataParallelConfig, DistError, GraphTrainer, GraphTrainerConfig,
+    StepError, StepMode,
 };
 use cubecl_core::Runtime;
 use cubecl_core::ir::{ElemType, FloatKind};
@@ -103,11 +103,15 @@ fn a_recorded_collective_reads_its_input_at_every_replay<G: Stack>() {
     // Compiles whatever the collective launches (a packing copy) before the window.
     let _ = G::all_reduce_mean(vec![input.clone()], &member).expect("eager all-reduce");
     G::sync(&device()).expect("sync");
-    let (recorded, graph) = G::capture(&device(), || {
+    let captured = G::capture(&device(), || {
         G::all_reduce_mean(vec![input.clone()], &member).expect("recorded all-reduce")
-    })
-    .expect("window");
-    let graph = graph.expect("graph");
+    });
+    let (recorded, graph) = match captured {
+        Captured::Recorded { output, graph } => (output, graph),
+        Captured::Refused(error) | Captured::Broken { error, .. } => {
+            panic!("the collective was not recorded: {error}")
+        }
+    };
     let output = recorded.into_iter().next().expect("one output");
     for seed in [6, 7, 8] {
         let next = Tensor::<G, 2>::from_data(values(seed, [16, 24]), &device());

@@ -29,6 +29,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, ElementConversion};
+use burn_graph_capture::nn::LstmKernels;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{
     FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepChange, StepInput,
@@ -356,7 +357,7 @@ impl<G: GraphBackend> Subject<G> for LstmSubject {
 
 #[derive(Clone, Copy)]
 struct FusedSubject;
-impl<G: GraphBackend> Subject<G> for FusedSubject {
+impl<G: GraphBackend + LstmKernels> Subject<G> for FusedSubject {
     type Model = FusedLstmRegressor<T<G>>;
     type Batch = lstm_example::Batch<T<G>>;
     fn model(self, device: &G::Device) -> Self::Model {
@@ -754,7 +755,7 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
 
 /// Runs `program` both ways; `Err` says how they differ. Burn's RNG and the trainers'
 /// seeds are process-wide: the calling test holds `common::rng` exclusively.
-fn run<G: GraphBackend>(program: &Program) -> Result<(), String> {
+fn run<G: GraphBackend + LstmKernels>(program: &Program) -> Result<(), String> {
     fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
         let trace = graphed::<G, S>(subject, program, true)?;
         let eager = match program.flags.random {
@@ -796,7 +797,7 @@ fn run<G: GraphBackend>(program: &Program) -> Result<(), String> {
 }
 
 /// The smallest program, by removing events, that still fails.
-fn shrink<G: GraphBackend>(mut program: Program) -> Program {
+fn shrink<G: GraphBackend + LstmKernels>(mut program: Program) -> Program {
     let mut index = 0;
     while index < program.events.len() {
         let mut smaller = program.clone();
@@ -810,7 +811,7 @@ fn shrink<G: GraphBackend>(mut program: Program) -> Program {
     program
 }
 
-fn check<G: GraphBackend>(seeds: impl Iterator<Item = u64>) -> usize {
+fn check<G: GraphBackend + LstmKernels>(seeds: impl Iterator<Item = u64>) -> usize {
     let started = std::time::Instant::now();
     // With FUZZ_KEEP_GOING set (the GPU runs), every failing seed is reported and the
     // run goes on; the test fails at the end with all of them.
