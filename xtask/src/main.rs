@@ -9,8 +9,12 @@
 //!
 //! Usage: `cargo run -p xtask -- gen-forward` rewrites the table;
 //! `cargo run -p xtask -- gen-forward --check` fails if it is stale.
+//!
+//! Its other tasks: `imports` checks that the library's modules import one way, and
+//! `gpu` builds the GPU checks here and runs them on the GPU machine (`gpu/mod.rs`).
 
 mod classify;
+mod gpu;
 mod imports;
 
 use std::path::{Path, PathBuf};
@@ -32,16 +36,28 @@ const TRAITS: [&str; 7] = [
 
 const OUTPUT: &str = "burn-graph-capture/src/backend/ops/generated.rs";
 
+#[derive(clap::Parser)]
+#[command(about = "Project tasks for burn-graph-capture")]
+enum Task {
+    /// Writes the decorator's forwarding table from burn-backend's op traits.
+    GenForward {
+        /// Fail if the table is stale instead of writing it.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Checks that the library's files and folders import one way.
+    Imports,
+    /// GPU checks: `gpu pack` here, `gpu run STAGE...` on the GPU machine.
+    #[command(subcommand)]
+    Gpu(gpu::Command),
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let check = args.iter().any(|a| a == "--check");
-    let result = match args.first().map(String::as_str) {
-        Some("gen-forward") => run(check),
-        Some("imports") => check_imports(),
-        _ => {
-            eprintln!("usage: cargo run -p xtask -- gen-forward [--check] | imports");
-            return ExitCode::from(2);
-        }
+    let task = <Task as clap::Parser>::parse();
+    let result = match task {
+        Task::GenForward { check } => run(check),
+        Task::Imports => check_imports(),
+        Task::Gpu(command) => gpu::main(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,7 +96,7 @@ fn check_imports() -> Result<(), String> {
     Ok(())
 }
 
-fn workspace_root() -> Result<PathBuf, String> {
+pub(crate) fn workspace_root() -> Result<PathBuf, String> {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest_dir
         .parent()

@@ -1,0 +1,1202 @@
+//! The stages of `gpu run`: what each runs, as command lines planned before anything
+//! starts (so they can be printed and tested here, without a GPU).
+//!
+//! A stage is a list of groups; the steps of a group run side by side, groups one after
+//! another. GPU tests run through nextest (profile `gpu`, or `gpu-memcheck` under
+//! compute-sanitizer; `.config/nextest.toml`), each test in a process of its own, and
+//! report through nextest's JUnit file; benches, examples and tools run directly and
+//! report through their exit status.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+
+use super::binaries::{self, Binary, Kind};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Stage {
+    /// A few runtime tests (gpu_runtime: smoke, random_and_sync, op_parity_plain).
+    Smoke,
+    /// The GPU test suites through nextest (default gpu_runtime, gpu_capture, gpu_trainer).
+    Tests,
+    /// Tests under compute-sanitizer memcheck (runtime parity, capture, four trainer
+    /// modules at a tenth of their steps).
+    Memcheck,
+    /// `tests` (four at a time) and `memcheck` side by side.
+    Suite,
+    /// Matmul and sum of both stacks against an f64 reference (gpu_precision).
+    Precision,
+    /// compute-sanitizer racecheck on the persistent recurrences (gpu_graph_speed profile).
+    Racecheck,
+    /// The speed bench, one process per size.
+    Speed,
+    /// One profiled step per target and size under Nsight Compute, summed by ncu_sum.py.
+    Ncu,
+    /// PyTorch's anchors (bench/anchors/torch_anchor.py).
+    Torch,
+    /// speed, ncu and torch, then scripts/speed_summary.py's table.
+    Perf,
+    /// CubeCL's matmul against cuBLAS at the LSTM step's shapes (gpu_matmul).
+    Matmul,
+    /// This runtime's eager step against stock burn-cuda's (runtime_eager_bench).
+    Eager,
+    /// The examples against their eager runs (--examples picks which).
+    Examples,
+    /// The differential fuzzer on both stacks side by side (--trace-seeds: traces).
+    Fuzz,
+    /// Side by side: threads, shared embeddings at depth, the fuzzer, part of it under memcheck.
+    Reliability,
+    /// One trainer test in many fresh processes with empty caches, side by side.
+    Cold,
+}
+
+impl Stage {
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The binaries the stage runs with these options.
+    pub fn binaries(self, opts: &StageOptions) -> Vec<&'static str> {
+        let suites = || -> Vec<&'static str> {
+            if opts.bins.is_empty() {
+                SUITES.to_vec()
+            } else {
+                opts.bins
+                    .iter()
+                    .filter_map(|name| binaries::find(name).ok().map(|b| b.name))
+                    .collect()
+            }
+        };
+        match self {
+            Stage::Smoke => vec!["gpu_runtime"],
+            Stage::Tests | Stage::Memcheck | Stage::Suite => suites(),
+            Stage::Precision => vec!["gpu_precision"],
+            Stage::Racecheck | Stage::Speed | Stage::Ncu | Stage::Perf => vec!["gpu_graph_speed"],
+            Stage::Torch => vec![],
+            Stage::Matmul => vec!["gpu_matmul"],
+            Stage::Eager => vec!["runtime_eager_bench"],
+            Stage::Examples => {
+                let mut names: Vec<&'static str> = opts
+                    .examples
+                    .iter()
+                    .filter_map(|run| example_run(run).ok().map(|r| r.binary))
+                    .collect();
+                names.sort();
+                names.dedup();
+                names
+            }
+            Stage::Fuzz => vec!["fuzz"],
+            Stage::Reliability => vec!["fuzz", "threads", "shared_embedding"],
+            Stage::Cold => vec!["gpu_trainer"],
+        }
+    }
+
+    /// Default time limit of one step, in seconds (`--timeout` overrides it; every
+    /// limit ends inside the run's deadline).
+    fn timeout_s(self) -> u64 {
+        match self {
+            Stage::Smoke | Stage::Racecheck => 200,
+            Stage::Ncu | Stage::Matmul | Stage::Eager => 300,
+            Stage::Torch | Stage::Cold => 400,
+            Stage::Examples => 240,
+            _ => 540,
+        }
+    }
+}
+
+/// The GPU test binaries `tests` and `memcheck` run unless `--bins` names others.
+const SUITES: [&str; 3] = ["gpu_runtime", "gpu_capture", "gpu_trainer"];
+
+/// Which stack's tests `--stack` keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StackName {
+    /// `CudaFused` (fusion over CubeCL on this runtime).
+    Fused,
+    /// `CudaCube` (no fusion).
+    Cube,
+}
+
+/// The options of the stages (each stage reads those it names).
+#[derive(clap::Args, Clone, Debug)]
+pub struct StageOptions {
+    /// tests, memcheck, suite: the test binaries (default gpu_runtime,gpu_capture,gpu_trainer).
+    #[arg(long, value_delimiter = ',')]
+    pub bins: Vec<String>,
+    /// Nextest stages: a filterset; it replaces the stage's own selection.
+    #[arg(short = 'E', long)]
+    pub filterset: Option<String>,
+    /// Nextest stages: tests run at once (default: the profile's, 1; memcheck's 4).
+    #[arg(short = 'j', long)]
+    pub threads: Option<usize>,
+    /// Nextest stages: only the tests of one stack (modules `fused::`/`cube::`, or the
+    /// `gpu::` tests named after their stack).
+    #[arg(long, value_enum)]
+    pub stack: Option<StackName>,
+    /// speed: sizes b/t/h, one process each.
+    #[arg(long, default_value = "32/64/256,8/64/128,128/32/512")]
+    pub sizes: String,
+    /// speed: the bench's stacks (default: the bench's own list).
+    #[arg(long)]
+    pub stacks: Option<String>,
+    /// speed, ncu: a suffix for the logs, e.g. when the environment differs
+    /// (`BURN_GRAPH_CAPTURE_GEMM_ROUTE=off ... --label route-off`).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// ncu: the profiled targets (gpu_graph_speed's `profile TARGET`).
+    #[arg(long, value_delimiter = ',', default_value = "fused")]
+    pub ncu_targets: Vec<String>,
+    /// ncu: the profiled sizes.
+    #[arg(long, value_delimiter = ',', default_value = "32/64/256")]
+    pub ncu_sizes: Vec<String>,
+    /// ncu: extra ncu flags, space-separated (e.g. "--cache-control none").
+    #[arg(long, allow_hyphen_values = true)]
+    pub ncu_flags: Option<String>,
+    /// racecheck: TARGET@b/t/h pairs for `gpu_graph_speed profile`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fused-lstm@40/8/64,fused-lstm@128/4/512,fused-lstm@100/2/64,fused-gru@40/8/64"
+    )]
+    pub racecheck: Vec<String>,
+    /// eager: steps per stack.
+    #[arg(long, default_value_t = 60)]
+    pub steps: u32,
+    /// examples: the runs, in order (lstm, lstm-fused, lstm-gru, learner, charlm; one
+    /// named twice runs twice).
+    #[arg(long, value_delimiter = ',', default_value = "lstm-fused,lstm-gru")]
+    pub examples: Vec<String>,
+    /// examples: epochs of each run.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u32,
+    /// fuzz, reliability: generated programs per stack (default 100 for fuzz, 300 for
+    /// reliability), after the regression seeds.
+    #[arg(long)]
+    pub fuzz_programs: Option<u32>,
+    /// fuzz: seeds to trace (each stack and seed in a fresh process, every event of
+    /// both runs and cubecl's autotune log printed).
+    #[arg(long, value_delimiter = ',')]
+    pub trace_seeds: Vec<u64>,
+    /// cold: processes per filter.
+    #[arg(long, default_value_t = 12)]
+    pub procs: usize,
+    /// cold: the test filters of one process, space-separated; several filters with ';'.
+    #[arg(
+        long,
+        value_delimiter = ';',
+        default_value = "inputs::fused::batch_norm inputs::fused::tied inputs::fused::eager_mlp"
+    )]
+    pub cold_filters: Vec<String>,
+    /// Nextest stages: test-name filters (substrings, any of them), after `--`.
+    #[arg(last = true)]
+    pub filters: Vec<String>,
+}
+
+/// One example run: the binary and its arguments (`--out` is added).
+pub struct ExampleRun {
+    pub name: &'static str,
+    pub binary: &'static str,
+    pub args: &'static [&'static str],
+    /// Whether it takes `--epochs`.
+    pub epochs: bool,
+}
+
+pub const EXAMPLE_RUNS: &[ExampleRun] = &[
+    ExampleRun {
+        name: "lstm",
+        binary: "lstm",
+        args: &["--compare", "--stock"],
+        epochs: true,
+    },
+    ExampleRun {
+        name: "lstm-fused",
+        binary: "lstm",
+        args: &["--fused", "--compare"],
+        epochs: true,
+    },
+    ExampleRun {
+        name: "lstm-gru",
+        binary: "lstm",
+        args: &["--gru", "--compare"],
+        epochs: true,
+    },
+    ExampleRun {
+        name: "learner",
+        binary: "lstm-learner",
+        args: &["--compare", "--stock"],
+        epochs: true,
+    },
+    ExampleRun {
+        name: "charlm",
+        binary: "charlm",
+        args: &[],
+        epochs: false,
+    },
+];
+
+fn example_run(name: &str) -> Result<&'static ExampleRun, String> {
+    EXAMPLE_RUNS.iter().find(|r| r.name == name).ok_or_else(|| {
+        let names: Vec<_> = EXAMPLE_RUNS.iter().map(|r| r.name).collect();
+        format!("no example run {name} (known: {})", names.join(", "))
+    })
+}
+
+/// Where a step runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// The run's shared directory: its cubecl.toml points at the run's caches.
+    Shared,
+    /// A nextest workspace root of the step's own (its store holds the JUnit file),
+    /// with the shared cubecl.toml: nextest runs each test in its package's directory
+    /// below it, and CubeCL finds the file walking up from there.
+    Nextest(PathBuf),
+    /// A fresh directory with empty caches of its own; `autotune_log` makes CubeCL print
+    /// each kernel choice it tunes.
+    Fresh { dir: PathBuf, autotune_log: bool },
+}
+
+/// How a step's result is read, besides its exit status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    Exit,
+    /// Nextest's JUnit file: tests passed, failed and skipped.
+    JUnit(PathBuf),
+    /// The speed bench's table.
+    Speed,
+    /// An ncu CSV, summed by scripts/ncu_sum.py into ncu.log after the step.
+    Ncu {
+        csv: PathBuf,
+        label: String,
+        size: String,
+    },
+    /// compute-sanitizer's summary line.
+    Sanitizer,
+    /// PyTorch's JSON lines.
+    Torch,
+    /// An example's summary.json in this folder.
+    Example(PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub stage: Stage,
+    /// Unique within a run; names the log and the nextest workspace.
+    pub label: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub dir: Dir,
+    pub timeout_s: u64,
+    /// The log file, in the run's log folder; steps of one stage may append to one.
+    pub log: String,
+    pub append: bool,
+    pub report: Report,
+}
+
+impl Step {
+    /// The command line as a shell would read it (for printing).
+    pub fn command_line(&self) -> String {
+        let env = self.env.iter().map(|(k, v)| format!("{k}={}", quote(v)));
+        let program = std::iter::once(quote(&self.program.display().to_string()));
+        env.chain(program)
+            .chain(self.args.iter().map(|a| quote(a)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+fn quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Steps run side by side.
+pub type Group = Vec<Step>;
+
+/// Where things are on the GPU machine.
+pub struct Layout {
+    /// The repository's working tree (scripts, bench/anchors, .config/nextest.toml).
+    pub repo: PathBuf,
+    /// The run's scratch folder (unpacked binaries, caches, nextest workspaces).
+    pub work: PathBuf,
+    /// This run's log folder (tarred into $OUT at the end).
+    pub logs: PathBuf,
+    /// GPUs on the machine (`two_gpus::` tests need two).
+    pub gpus: usize,
+    /// Nextest binary id to the unpacked test binary.
+    pub test_binaries: BTreeMap<String, PathBuf>,
+}
+
+impl Layout {
+    pub fn unpacked(&self) -> PathBuf {
+        self.work.join("pack")
+    }
+
+    pub fn shared(&self) -> PathBuf {
+        self.work.join("shared")
+    }
+
+    pub fn nextest_target(&self) -> PathBuf {
+        self.unpacked().join("nextest/target")
+    }
+
+    /// The unpacked binary of an entry.
+    pub fn binary(&self, binary: &Binary) -> Result<PathBuf, String> {
+        match binary.kind {
+            Kind::Test => self
+                .test_binaries
+                .get(&binary.binary_id())
+                .cloned()
+                .ok_or_else(|| not_packed(binary.name)),
+            _ => {
+                let path = self.unpacked().join(binary.payload_path());
+                Ok(path)
+            }
+        }
+    }
+}
+
+pub fn not_packed(name: &str) -> String {
+    format!("{name} is not packed (build it here with `cargo xtask gpu pack --bins ...,{name}`)")
+}
+
+/// The groups of one stage.
+pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Group>, String> {
+    let timeout = stage.timeout_s();
+    let one = |step: Step| vec![step];
+    Ok(match stage {
+        Stage::Smoke => {
+            let default = "test(smoke) | test(random_and_sync) | test(op_parity_plain)";
+            let expr = expression(
+                &binaries::select(&["gpu_runtime"])?,
+                Some(default.into()),
+                opts,
+                layout.gpus,
+            );
+            vec![one(nextest(
+                layout,
+                stage,
+                "smoke",
+                Profile::Gpu,
+                expr,
+                opts.threads,
+                vec![],
+                timeout,
+            ))]
+        }
+        Stage::Tests => vec![one(tests_step(layout, opts, stage, "tests", opts.threads)?)],
+        Stage::Memcheck => vec![one(memcheck_step(layout, opts, stage, "memcheck")?)],
+        Stage::Suite => vec![vec![
+            tests_step(
+                layout,
+                opts,
+                stage,
+                "suite-tests",
+                Some(opts.threads.unwrap_or(4)),
+            )?,
+            memcheck_step(layout, opts, stage, "suite-memcheck")?,
+        ]],
+        Stage::Precision => {
+            let expr = expression(
+                &binaries::select(&["gpu_precision"])?,
+                None,
+                opts,
+                layout.gpus,
+            );
+            vec![one(nextest(
+                layout,
+                stage,
+                "precision",
+                Profile::Gpu,
+                expr,
+                opts.threads,
+                vec![],
+                timeout,
+            ))]
+        }
+        Stage::Racecheck => {
+            let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
+            let mut groups = Vec::new();
+            for pair in &opts.racecheck {
+                let (target, size) = pair
+                    .split_once('@')
+                    .ok_or_else(|| format!("--racecheck {pair}: expected TARGET@b/t/h"))?;
+                let label = format!("racecheck-{target}-{}", dashed(size));
+                groups.push(one(Step {
+                    stage,
+                    label: label.clone(),
+                    program: "compute-sanitizer".into(),
+                    args: words(&[
+                        "--tool",
+                        "racecheck",
+                        "--error-exitcode",
+                        "17",
+                        "--print-limit",
+                        "20",
+                    ])
+                    .into_iter()
+                    .chain([
+                        path_arg(&bench),
+                        "profile".into(),
+                        target.into(),
+                        size.into(),
+                    ])
+                    .collect(),
+                    env: vec![],
+                    dir: Dir::Shared,
+                    timeout_s: timeout,
+                    log: format!("{label}.log"),
+                    append: false,
+                    report: Report::Sanitizer,
+                }));
+            }
+            groups
+        }
+        Stage::Speed => speed(layout, opts)?,
+        Stage::Ncu => ncu(layout, opts)?,
+        Stage::Torch => vec![one(torch(layout))],
+        Stage::Perf => {
+            let mut groups = speed(layout, opts)?;
+            groups.extend(ncu(layout, opts)?);
+            groups.push(one(torch(layout)));
+            for step in groups.iter_mut().flatten() {
+                step.stage = Stage::Perf;
+            }
+            groups
+        }
+        Stage::Matmul => {
+            let bench = layout.binary(binaries::find("gpu_matmul")?)?;
+            vec![one(direct(stage, "matmul", bench, vec![], timeout))]
+        }
+        Stage::Eager => {
+            let bench = layout.binary(binaries::find("runtime_eager_bench")?)?;
+            let args = vec![opts.steps.to_string()];
+            vec![one(direct(stage, "eager", bench, args, timeout))]
+        }
+        Stage::Examples => {
+            let mut groups = Vec::new();
+            let mut seen = BTreeMap::<&str, usize>::new();
+            for name in &opts.examples {
+                let run = example_run(name)?;
+                let count = seen.entry(run.name).or_default();
+                *count += 1;
+                let label = match *count {
+                    1 => format!("example-{}", run.name),
+                    n => format!("example-{}-{n}", run.name),
+                };
+                let out = layout.logs.join("examples").join(&label);
+                let mut args: Vec<String> = words(run.args);
+                if run.epochs {
+                    args.extend(["--epochs".into(), opts.epochs.to_string()]);
+                }
+                args.extend(["--out".into(), path_arg(&out)]);
+                let binary = layout.binary(binaries::find(run.binary)?)?;
+                let mut step = direct(stage, &label, binary, args, timeout);
+                step.report = Report::Example(out);
+                groups.push(one(step));
+            }
+            groups
+        }
+        Stage::Fuzz => {
+            let programs = opts.fuzz_programs.unwrap_or(100).to_string();
+            let fuzz = binaries::select(&["fuzz"])?;
+            let expr = expression(&fuzz, Some("test(/::gpu::/)".into()), opts, layout.gpus);
+            let env = vec![
+                ("FUZZ_KEEP_GOING".into(), "1".into()),
+                ("FUZZ_PROGRAMS".into(), programs),
+            ];
+            let mut groups = vec![one(nextest(
+                layout,
+                stage,
+                "fuzz",
+                Profile::Gpu,
+                expr,
+                Some(opts.threads.unwrap_or(2)),
+                env,
+                timeout,
+            ))];
+            if !opts.trace_seeds.is_empty() {
+                groups.push(fuzz_traces(layout, opts, fuzz[0])?);
+            }
+            groups
+        }
+        Stage::Reliability => {
+            let programs = opts.fuzz_programs.unwrap_or(300).to_string();
+            let all = binaries::select(&["fuzz", "threads", "shared_embedding"])?;
+            let expr = expression(&all, Some("test(/::gpu::/)".into()), opts, layout.gpus);
+            let env = vec![
+                ("FUZZ_KEEP_GOING".into(), "1".into()),
+                ("FUZZ_PROGRAMS".into(), programs),
+            ];
+            let fuzz = binaries::select(&["fuzz"])?;
+            let memcheck_expr = expression(
+                &fuzz,
+                Some("test(/::gpu::fused_/)".into()),
+                opts,
+                layout.gpus,
+            );
+            vec![vec![
+                nextest(
+                    layout,
+                    stage,
+                    "reliability",
+                    Profile::Gpu,
+                    expr,
+                    Some(opts.threads.unwrap_or(8)),
+                    env,
+                    timeout,
+                ),
+                nextest(
+                    layout,
+                    stage,
+                    "reliability-memcheck",
+                    Profile::Memcheck,
+                    memcheck_expr,
+                    None,
+                    vec![("FUZZ_PROGRAMS".into(), "20".into())],
+                    timeout,
+                ),
+            ]]
+        }
+        Stage::Cold => {
+            let trainer = layout.binary(binaries::find("gpu_trainer")?)?;
+            let mut group = Vec::new();
+            for (k, filter) in opts.cold_filters.iter().enumerate() {
+                for i in 0..opts.procs {
+                    let label = format!("cold-{k}-{i}");
+                    let mut args = words(&["--ignored", "--test-threads=1", "--nocapture"]);
+                    args.extend(filter.split_whitespace().map(String::from));
+                    let mut step = direct(stage, &label, trainer.clone(), args, timeout);
+                    step.dir = Dir::Fresh {
+                        dir: layout.work.join("fresh").join(&label),
+                        autotune_log: false,
+                    };
+                    group.push(step);
+                }
+            }
+            vec![group]
+        }
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profile {
+    Gpu,
+    Memcheck,
+}
+
+impl Profile {
+    fn name(self) -> &'static str {
+        match self {
+            Profile::Gpu => "gpu",
+            Profile::Memcheck => "gpu-memcheck",
+        }
+    }
+}
+
+fn tests_step(
+    layout: &Layout,
+    opts: &StageOptions,
+    stage: Stage,
+    label: &str,
+    threads: Option<usize>,
+) -> Result<Step, String> {
+    let bins = binaries::select(&Stage::Tests.binaries(opts))?;
+    let expr = expression(&bins, None, opts, layout.gpus);
+    Ok(nextest(
+        layout,
+        stage,
+        label,
+        Profile::Gpu,
+        expr,
+        threads,
+        vec![],
+        stage.timeout_s(),
+    ))
+}
+
+/// The small runtime tests (their parity children followed), the capture suite, and
+/// four trainer modules at a tenth of their steps (`GPU_TRAINER_SHORT`).
+fn memcheck_step(
+    layout: &Layout,
+    opts: &StageOptions,
+    stage: Stage,
+    label: &str,
+) -> Result<Step, String> {
+    let bins = binaries::select(&Stage::Memcheck.binaries(opts))?;
+    let runtime = binaries::find("gpu_runtime")?.selector();
+    let capture = binaries::find("gpu_capture")?.selector();
+    let trainer = binaries::find("gpu_trainer")?.selector();
+    let default = format!(
+        "({runtime} & (test(smoke) | test(random_and_sync) | test(op_parity) | test(lstm_parity_small))) \
+         | {capture} | ({trainer} & test(/^(guards|correctness|memory|inputs)::/))"
+    );
+    let expr = expression(&bins, Some(default), opts, layout.gpus);
+    let env = vec![("GPU_TRAINER_SHORT".into(), "1".into())];
+    Ok(nextest(
+        layout,
+        stage,
+        label,
+        Profile::Memcheck,
+        expr,
+        opts.threads,
+        env,
+        stage.timeout_s(),
+    ))
+}
+
+/// The filterset of a nextest step: the binaries' tests, narrowed by the user's
+/// filterset and name filters (or else the stage's default selection) and `--stack`,
+/// without the tests this machine cannot run.
+pub fn expression(
+    binaries: &[&Binary],
+    default: Option<String>,
+    opts: &StageOptions,
+    gpus: usize,
+) -> String {
+    let selection: Vec<String> = binaries.iter().map(|b| b.selector()).collect();
+    let mut parts = vec![selection.join(" | ")];
+    let mut user = Vec::new();
+    if let Some(expr) = &opts.filterset {
+        user.push(expr.clone());
+    }
+    if !opts.filters.is_empty() {
+        let names: Vec<String> = opts.filters.iter().map(|f| format!("test(~{f})")).collect();
+        user.push(names.join(" | "));
+    }
+    if user.is_empty() {
+        parts.extend(default);
+    } else {
+        parts.extend(user);
+    }
+    if let Some(stack) = opts.stack {
+        let name = match stack {
+            StackName::Fused => "fused",
+            StackName::Cube => "cube",
+        };
+        parts.push(format!(
+            "test(/::{name}::/) | test(/::gpu::(\\w+_)?{name}_/)"
+        ));
+    }
+    if let Ok(trainer) = binaries::find("gpu_trainer") {
+        let trainer = trainer.selector();
+        // A rank process of `killed_rank_process_is_a_typed_error_on_its_peer`, not a test.
+        parts.push(format!("not ({trainer} & test(=two_gpus::rank_process))"));
+        if gpus < 2 {
+            parts.push(format!("not ({trainer} & test(/^two_gpus::/))"));
+        }
+    }
+    parts
+        .iter()
+        .map(|p| format!("({p})"))
+        .collect::<Vec<_>>()
+        .join(" & ")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nextest(
+    layout: &Layout,
+    stage: Stage,
+    label: &str,
+    profile: Profile,
+    expr: String,
+    threads: Option<usize>,
+    env: Vec<(String, String)>,
+    timeout_s: u64,
+) -> Step {
+    let workspace = layout.work.join("nextest").join(label);
+    let target = layout.nextest_target();
+    let meta = target.join("nextest");
+    let mut args = words(&["nextest", "run"]);
+    let pairs = [
+        (
+            "--binaries-metadata",
+            path_arg(&meta.join("binaries-metadata.json")),
+        ),
+        (
+            "--cargo-metadata",
+            path_arg(&meta.join("cargo-metadata.json")),
+        ),
+        ("--target-dir-remap", path_arg(&target)),
+        ("--workspace-remap", path_arg(&workspace)),
+        (
+            "--config-file",
+            path_arg(&layout.repo.join(".config/nextest.toml")),
+        ),
+        ("--user-config-file", "none".into()),
+        ("--profile", profile.name().into()),
+        ("--run-ignored", "only".into()),
+        ("--color", "never".into()),
+    ];
+    for (flag, value) in pairs {
+        args.extend([flag.to_string(), value]);
+    }
+    if let Some(threads) = threads {
+        args.extend(["--test-threads".into(), threads.to_string()]);
+    }
+    args.extend(["-E".into(), expr]);
+    let junit = workspace
+        .join("target/nextest")
+        .join(profile.name())
+        .join("junit.xml");
+    Step {
+        stage,
+        label: label.into(),
+        program: layout.unpacked().join("cargo-nextest"),
+        args,
+        env,
+        dir: Dir::Nextest(workspace),
+        timeout_s,
+        log: format!("{label}.log"),
+        append: false,
+        report: Report::JUnit(junit),
+    }
+}
+
+fn direct(stage: Stage, label: &str, program: PathBuf, args: Vec<String>, timeout_s: u64) -> Step {
+    Step {
+        stage,
+        label: label.into(),
+        program,
+        args,
+        env: vec![],
+        dir: Dir::Shared,
+        timeout_s,
+        log: format!("{label}.log"),
+        append: false,
+        report: Report::Exit,
+    }
+}
+
+/// One process per size: eager memory is the growth of fresh pools, so a size run after
+/// a larger one in the same process would find its pages already reserved.
+fn speed(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
+    let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
+    let log = suffixed("speed", opts, "log");
+    let mut groups = Vec::new();
+    for size in opts.sizes.split(',').filter(|s| !s.is_empty()) {
+        let label = suffixed(&format!("speed-{}", dashed(size)), opts, "");
+        let mut args = vec![size.to_string()];
+        args.extend(opts.stacks.clone());
+        let mut step = direct(
+            Stage::Speed,
+            &label,
+            bench.clone(),
+            args,
+            Stage::Speed.timeout_s(),
+        );
+        step.log = log.clone();
+        step.append = true;
+        step.report = Report::Speed;
+        groups.push(vec![step]);
+    }
+    Ok(groups)
+}
+
+/// ncu replays each kernel of the profiled step with the caches flushed, summing
+/// gpu__time_duration (as for the anchors in bench/results).
+fn ncu(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
+    let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
+    let mut groups = Vec::new();
+    for target in &opts.ncu_targets {
+        for size in &opts.ncu_sizes {
+            let label = suffixed(&format!("ncu-{target}-{}", dashed(size)), opts, "");
+            let csv = layout.logs.join(format!("{label}.csv"));
+            let mut args = words(&[
+                "--profile-from-start",
+                "off",
+                "--clock-control",
+                "none",
+                "--metrics",
+                "gpu__time_duration.sum",
+                "--csv",
+                "--print-units",
+                "base",
+            ]);
+            if let Some(flags) = &opts.ncu_flags {
+                args.extend(flags.split_whitespace().map(String::from));
+            }
+            args.extend(["--log-file".into(), path_arg(&csv), path_arg(&bench)]);
+            args.extend(["profile".into(), target.clone(), size.clone()]);
+            let name = match &opts.label {
+                Some(suffix) => format!("{target}-{suffix}"),
+                None => target.clone(),
+            };
+            groups.push(vec![Step {
+                stage: Stage::Ncu,
+                label,
+                program: "ncu".into(),
+                args,
+                env: vec![],
+                dir: Dir::Shared,
+                timeout_s: Stage::Ncu.timeout_s(),
+                log: suffixed("ncu-run", opts, "log"),
+                append: true,
+                report: Report::Ncu {
+                    csv,
+                    label: name,
+                    size: size.clone(),
+                },
+            }]);
+        }
+    }
+    Ok(groups)
+}
+
+fn torch(layout: &Layout) -> Step {
+    let script = layout.repo.join("bench/anchors/torch_anchor.py");
+    let mut step = direct(
+        Stage::Torch,
+        "torch",
+        "python3".into(),
+        vec![path_arg(&script)],
+        Stage::Torch.timeout_s(),
+    );
+    step.env = vec![("PYTHONUNBUFFERED".into(), "1".into())];
+    step.report = Report::Torch;
+    step
+}
+
+/// Each stack and seed in a fresh process: every event of the graphed and the eager run
+/// (`FUZZ_TRACE`), and which kernels each step tuned first (CubeCL's autotune log).
+fn fuzz_traces(layout: &Layout, opts: &StageOptions, fuzz: &Binary) -> Result<Group, String> {
+    let binary = layout.binary(fuzz)?;
+    let prefix = fuzz.filter.unwrap_or_default();
+    let mut group = Vec::new();
+    for stack in ["fused", "cube"] {
+        for seed in &opts.trace_seeds {
+            let label = format!("fuzz-trace-{stack}-{seed}");
+            let mut args = words(&["--ignored", "--test-threads=1", "--nocapture"]);
+            args.push(format!("{prefix}gpu::{stack}_"));
+            let mut step = direct(
+                Stage::Fuzz,
+                &label,
+                binary.clone(),
+                args,
+                Stage::Fuzz.timeout_s(),
+            );
+            step.env = vec![
+                ("FUZZ_TRACE".into(), "1".into()),
+                ("FUZZ_SEED".into(), seed.to_string()),
+                ("FUZZ_PROGRAMS".into(), "1".into()),
+            ];
+            step.dir = Dir::Fresh {
+                dir: layout.work.join("fresh").join(&label),
+                autotune_log: true,
+            };
+            group.push(step);
+        }
+    }
+    Ok(group)
+}
+
+fn words(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+fn path_arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A size as a file-name part: 32/64/256 → 32-64-256.
+fn dashed(size: &str) -> String {
+    size.replace('/', "-")
+}
+
+/// `base[-label][.ext]`
+fn suffixed(base: &str, opts: &StageOptions, ext: &str) -> String {
+    let mut name = base.to_string();
+    if let Some(label) = &opts.label {
+        name.push('-');
+        name.push_str(label);
+    }
+    if !ext.is_empty() {
+        name.push('.');
+        name.push_str(ext);
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: StageOptions,
+    }
+
+    fn opts(args: &[&str]) -> StageOptions {
+        Cli::parse_from(std::iter::once("x").chain(args.iter().copied())).opts
+    }
+
+    fn layout(gpus: usize) -> Layout {
+        let mut test_binaries = BTreeMap::new();
+        for b in binaries::BINARIES.iter().filter(|b| b.kind == Kind::Test) {
+            test_binaries.insert(
+                b.binary_id(),
+                PathBuf::from(format!("/w/pack/t/{}", b.target)),
+            );
+        }
+        Layout {
+            repo: "/repo".into(),
+            work: "/w".into(),
+            logs: "/w/logs/1".into(),
+            gpus,
+            test_binaries,
+        }
+    }
+
+    fn steps(stage: Stage, args: &[&str]) -> Vec<Vec<Step>> {
+        plan(stage, &opts(args), &layout(1)).unwrap()
+    }
+
+    #[test]
+    fn tests_run_the_three_suites_from_the_unpacked_archive() {
+        let groups = steps(Stage::Tests, &[]);
+        let step = &groups[0][0];
+        assert_eq!(step.program, PathBuf::from("/w/pack/cargo-nextest"));
+        let line = step.command_line();
+        for part in [
+            "nextest run --binaries-metadata /w/pack/nextest/target/nextest/binaries-metadata.json",
+            "--cargo-metadata /w/pack/nextest/target/nextest/cargo-metadata.json",
+            "--target-dir-remap /w/pack/nextest/target --workspace-remap /w/nextest/tests",
+            "--config-file /repo/.config/nextest.toml",
+            "--profile gpu --run-ignored only",
+        ] {
+            assert!(line.contains(part), "{part} not in {line}");
+        }
+        assert!(!line.contains("--test-threads"), "the profile's one thread");
+        let expr = step.args.last().unwrap();
+        assert_eq!(
+            expr,
+            "(binary_id(burn-graph-capture::gpu_runtime) | binary_id(burn-graph-capture::gpu_capture) \
+             | binary_id(integration-tests::gpu_trainer)) \
+             & (not (binary_id(integration-tests::gpu_trainer) & test(=two_gpus::rank_process))) \
+             & (not (binary_id(integration-tests::gpu_trainer) & test(/^two_gpus::/)))"
+        );
+        assert_eq!(
+            step.report,
+            Report::JUnit("/w/nextest/tests/target/nextest/gpu/junit.xml".into())
+        );
+    }
+
+    #[test]
+    fn two_gpus_tests_run_where_two_gpus_are() {
+        let groups = plan(Stage::Tests, &opts(&[]), &layout(2)).unwrap();
+        let expr = groups[0][0].args.last().unwrap().clone();
+        assert!(expr.contains("rank_process"));
+        assert!(!expr.contains("/^two_gpus::/"));
+    }
+
+    #[test]
+    fn name_filters_and_the_stack_narrow_the_selection() {
+        let groups = steps(
+            Stage::Tests,
+            &[
+                "--bins",
+                "gpu_trainer",
+                "--stack",
+                "fused",
+                "-j",
+                "4",
+                "--",
+                "fused_lstm::",
+                "matmul::",
+            ],
+        );
+        let step = &groups[0][0];
+        assert!(step.command_line().contains("--test-threads 4"));
+        let expr = step.args.last().unwrap();
+        assert!(expr.starts_with(
+            "(binary_id(integration-tests::gpu_trainer)) & (test(~fused_lstm::) | test(~matmul::)) \
+             & (test(/::fused::/) | test(/::gpu::(\\w+_)?fused_/))"
+        ));
+    }
+
+    #[test]
+    fn memcheck_runs_under_its_profile_at_a_tenth_of_the_steps() {
+        let step = &steps(Stage::Memcheck, &[])[0][0];
+        assert!(step.command_line().contains("--profile gpu-memcheck"));
+        assert_eq!(step.env, vec![("GPU_TRAINER_SHORT".into(), "1".into())]);
+        let expr = step.args.last().unwrap();
+        assert!(expr.contains("test(/^(guards|correctness|memory|inputs)::/)"));
+        // A user's filterset replaces the default selection.
+        let step = &steps(Stage::Memcheck, &["-E", "test(both_recurrences)"])[0][0];
+        let expr = step.args.last().unwrap();
+        assert!(expr.contains("& (test(both_recurrences)) &"));
+        assert!(!expr.contains("guards"));
+    }
+
+    #[test]
+    fn suite_runs_tests_and_memcheck_side_by_side() {
+        let groups = steps(Stage::Suite, &[]);
+        assert_eq!(groups.len(), 1);
+        let labels: Vec<_> = groups[0].iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["suite-tests", "suite-memcheck"]);
+        assert!(groups[0][0].command_line().contains("--test-threads 4"));
+    }
+
+    #[test]
+    fn modules_of_the_integration_binary_are_filtered_by_prefix() {
+        let groups = steps(Stage::Reliability, &["--fuzz-programs", "50"]);
+        let [tests, memcheck] = &groups[0][..] else {
+            panic!("two steps")
+        };
+        let expr = tests.args.last().unwrap();
+        assert!(expr.starts_with(
+            "((binary_id(integration-tests::integration) & test(/^fuzz::/)) \
+             | (binary_id(integration-tests::integration) & test(/^threads::/)) \
+             | (binary_id(integration-tests::integration) & test(/^shared_embedding::/))) \
+             & (test(/::gpu::/))"
+        ));
+        assert!(tests.env.contains(&("FUZZ_PROGRAMS".into(), "50".into())));
+        assert!(memcheck.command_line().contains("--profile gpu-memcheck"));
+        assert!(
+            memcheck
+                .args
+                .last()
+                .unwrap()
+                .contains("test(/::gpu::fused_/)")
+        );
+        assert!(
+            memcheck
+                .env
+                .contains(&("FUZZ_PROGRAMS".into(), "20".into()))
+        );
+    }
+
+    #[test]
+    fn fuzz_traces_run_the_test_binary_in_fresh_folders() {
+        let groups = steps(Stage::Fuzz, &["--trace-seeds", "38,14"]);
+        assert_eq!(groups.len(), 2);
+        assert!(groups[0][0].command_line().contains("--test-threads 2"));
+        let traces = &groups[1];
+        assert_eq!(traces.len(), 4);
+        assert_eq!(
+            traces[0].command_line(),
+            "FUZZ_TRACE=1 FUZZ_SEED=38 FUZZ_PROGRAMS=1 /w/pack/t/integration --ignored \
+             --test-threads=1 --nocapture fuzz::gpu::fused_"
+        );
+        assert_eq!(
+            traces[0].dir,
+            Dir::Fresh {
+                dir: "/w/fresh/fuzz-trace-fused-38".into(),
+                autotune_log: true
+            }
+        );
+    }
+
+    #[test]
+    fn perf_runs_each_size_alone_then_ncu_then_torch() {
+        let groups = steps(Stage::Perf, &["--stacks", "fused,fused-lstm"]);
+        let lines: Vec<String> = groups.iter().map(|g| g[0].command_line()).collect();
+        assert_eq!(lines.len(), 5);
+        assert_eq!(
+            lines[0],
+            "/w/pack/bin/gpu_graph_speed 32/64/256 fused,fused-lstm"
+        );
+        assert_eq!(
+            lines[2],
+            "/w/pack/bin/gpu_graph_speed 128/32/512 fused,fused-lstm"
+        );
+        assert!(
+            groups[..3]
+                .iter()
+                .all(|g| g[0].log == "speed.log" && g[0].append)
+        );
+        assert_eq!(
+            lines[3],
+            "ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+             --csv --print-units base --log-file /w/logs/1/ncu-fused-32-64-256.csv \
+             /w/pack/bin/gpu_graph_speed profile fused 32/64/256"
+        );
+        assert_eq!(
+            lines[4],
+            "PYTHONUNBUFFERED=1 python3 /repo/bench/anchors/torch_anchor.py"
+        );
+        assert!(groups.iter().all(|g| g[0].stage == Stage::Perf));
+    }
+
+    #[test]
+    fn labelled_speed_runs_keep_their_own_logs() {
+        let groups = steps(
+            Stage::Speed,
+            &["--sizes", "128/32/512", "--label", "route-off"],
+        );
+        assert_eq!(groups[0][0].log, "speed-route-off.log");
+        assert_eq!(groups[0][0].label, "speed-128-32-512-route-off");
+    }
+
+    #[test]
+    fn racecheck_profiles_one_step_per_target_and_size() {
+        let groups = steps(Stage::Racecheck, &[]);
+        assert_eq!(groups.len(), 4);
+        assert_eq!(
+            groups[0][0].command_line(),
+            "compute-sanitizer --tool racecheck --error-exitcode 17 --print-limit 20 \
+             /w/pack/bin/gpu_graph_speed profile fused-lstm 40/8/64"
+        );
+        assert!(
+            plan(
+                Stage::Racecheck,
+                &opts(&["--racecheck", "fused"]),
+                &layout(1)
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn examples_run_in_order_and_twice_when_named_twice() {
+        let groups = steps(Stage::Examples, &["--examples", "lstm-gru,lstm-gru,charlm"]);
+        let lines: Vec<String> = groups.iter().map(|g| g[0].command_line()).collect();
+        assert_eq!(
+            lines,
+            [
+                "/w/pack/bin/lstm --gru --compare --epochs 3 --out /w/logs/1/examples/example-lstm-gru",
+                "/w/pack/bin/lstm --gru --compare --epochs 3 --out /w/logs/1/examples/example-lstm-gru-2",
+                "/w/pack/bin/charlm --out /w/logs/1/examples/example-charlm",
+            ]
+        );
+        assert_eq!(
+            Stage::Examples.binaries(&opts(&["--examples", "lstm,charlm,lstm-fused"])),
+            ["charlm", "lstm"]
+        );
+    }
+
+    #[test]
+    fn cold_starts_every_process_with_empty_caches() {
+        let groups = steps(
+            Stage::Cold,
+            &["--procs", "3", "--cold-filters", "a::x a::y;b::z"],
+        );
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].len(), 6);
+        assert_eq!(
+            groups[0][1].command_line(),
+            "/w/pack/t/gpu_trainer --ignored --test-threads=1 --nocapture a::x a::y"
+        );
+        assert!(matches!(&groups[0][5].dir, Dir::Fresh { dir, .. } if dir.ends_with("cold-1-2")));
+    }
+
+    #[test]
+    fn every_stage_plans_and_names_packed_binaries() {
+        let defaults = opts(&[]);
+        for stage in Stage::value_variants() {
+            plan(*stage, &defaults, &layout(1)).unwrap();
+            binaries::select(&stage.binaries(&defaults)).unwrap();
+        }
+    }
+}
