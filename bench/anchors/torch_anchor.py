@@ -1,4 +1,4 @@
-# PyTorch's reference step: the project's anchor script, with a GRU (cuDNN and unrolled, at 32/64/256) added for issue 28; run by scripts/gpu-check.sh stage `torch`.
+# PyTorch's reference step: the project's anchor script, with a GRU (cuDNN and unrolled, at 32/64/256) added for issue 28; run by `xtask gpu run torch` (and `perf`).
 """Performance anchor: PyTorch LSTM training step, eager vs whole-step CUDA graph, on the reference configurations of ARCHITECTURE.md."""
 import sys, time, json, statistics
 import torch, torch.nn as nn

@@ -4,13 +4,15 @@
 //! The suites are instantiated the way cubecl-cuda 0.10 does in its own `lib.rs` tests:
 //! `testgen_all!` over the same float/int/uint lists, `cubecl_std::testgen!`, the tensor
 //! identity and quantized-view suites. Test names are `ours::…` and `stock::…`, identical
-//! after the prefix, so `scripts/gpu-check.sh` can list what passes on stock only.
+//! after the prefix, so a run can list what passes on stock only.
 //!
 //! Gating: the generated tests are plain `#[test]`s (they cannot be `#[ignore]`d) and fail
 //! without a GPU, so they live in this package outside the main workspace (see its
 //! Cargo.toml). Neither `cargo test --workspace` nor `cargo test --features cuda` builds
-//! them; only `scripts/gpu-check.sh pack` does, and on the GPU machine every test starts a
-//! real client, which panics (the test fails) when no GPU or driver is there.
+//! them: `cargo test --release --no-run` in this folder does (`xtask gpu` does not pack it),
+//! and on the GPU machine every test starts a real client, which panics (the test fails)
+//! when no GPU or driver is there. Run it there once per runtime, `gpu_conformance stock::`
+//! and `gpu_conformance ours::`, and compare the tests each passes.
 // cubecl-cuda allows this too: some generated tests test cfgs this package does not declare.
 #![allow(unexpected_cfgs)]
 
