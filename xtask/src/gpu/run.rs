@@ -218,7 +218,7 @@ pub(super) fn unpack(pack: &Path, dest: &Path) -> Result<(), String> {
     let payload = pack.join(PAYLOAD);
     let meta = fs::metadata(&payload).map_err(|e| {
         format!(
-            "{}: {e} (build it with `cargo xtask gpu pack` and carry .gpu)",
+            "{}: {e} (build it with `cargo run -q -p xtask -- gpu pack` and carry .gpu)",
             payload.display()
         )
     })?;

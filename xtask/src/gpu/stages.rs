@@ -128,7 +128,8 @@ pub struct StageOptions {
     /// Nextest stages: a filterset; it replaces the stage's own selection.
     #[arg(short = 'E', long)]
     pub filterset: Option<String>,
-    /// Nextest stages: tests run at once (default: the profile's, 1; memcheck's 4).
+    /// Nextest stages: tests run at once (default 1; memcheck 4, suite's tests 4, fuzz 2,
+    /// reliability 8).
     #[arg(short = 'j', long)]
     pub threads: Option<usize>,
     /// Nextest stages: only the tests of one stack (modules `fused::`/`cube::`, or the
@@ -366,7 +367,9 @@ impl Layout {
 }
 
 pub fn not_packed(name: &str) -> String {
-    format!("{name} is not packed (build it here with `cargo xtask gpu pack --bins ...,{name}`)")
+    format!(
+        "{name} is not packed (build it here with `cargo run -q -p xtask -- gpu pack --bins ...,{name}`)"
+    )
 }
 
 /// The groups of one stage.
