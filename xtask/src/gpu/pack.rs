@@ -1,5 +1,6 @@
-//! `gpu pack` on the build machine (Rust, no GPU): builds the binaries of the table with
-//! the `gpu` cargo profile (release, stripped), archives the test targets with
+//! `gpu pack` on the build machine (Rust, no GPU): builds the binaries of the table in
+//! release (the dependencies' release builds are reused; a profile of its own would build
+//! them all again), strips them as they are packed, archives the test targets with
 //! `cargo nextest archive`, and writes what the GPU machine runs into `.gpu/`:
 //!
 //! - `gpu.tar.xz`: one solid archive of the nextest archive's files (under `nextest/`),
@@ -145,7 +146,10 @@ fn builds(
         .filter(|b| b.kind == Kind::Test)
         .collect();
     let archive = (!tests.is_empty()).then(|| {
-        let mut cmd = Cmd::new(nextest, &["nextest", "archive", "--cargo-profile", "gpu"]);
+        let mut cmd = Cmd::new(
+            nextest,
+            &["nextest", "archive", "--cargo-profile", "release"],
+        );
         let packages: BTreeSet<&str> = tests.iter().map(|b| b.package.name).collect();
         for package in packages {
             cmd.arg("-p").arg(package);
@@ -182,7 +186,7 @@ fn builds(
         }
     }
     for (package, features, list) in groups {
-        let mut cmd = Cmd::new(cargo, &["build", "--profile", "gpu", "-p", package]);
+        let mut cmd = Cmd::new(cargo, &["build", "--release", "-p", package]);
         if !features.is_empty() {
             cmd.arg("--features").arg(features.join(","));
         }
@@ -192,7 +196,7 @@ fn builds(
         cmd.arg("--message-format").arg("json-render-diagnostics");
         others.push((cmd, list));
     }
-    let mut xtask = Cmd::new(cargo, &["build", "--profile", "gpu", "-p", "xtask"]);
+    let mut xtask = Cmd::new(cargo, &["build", "--release", "-p", "xtask"]);
     xtask.arg("--message-format").arg("json-render-diagnostics");
     Builds {
         archive,
@@ -325,7 +329,9 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     );
     let xtask_dest = dest.join("xtask");
     let _ = fs::remove_file(&xtask_dest);
-    fs::copy(&xtask, &xtask_dest).map_err(|e| format!("{}: {e}", xtask_dest.display()))?;
+    let xtask = stripped(fs::read(&xtask).map_err(io(&xtask))?, &xtask_dest)?;
+    fs::write(&xtask_dest, xtask).map_err(io(&xtask_dest))?;
+    set_executable(&xtask_dest)?;
     check_size(&root, &dest)
 }
 
@@ -407,7 +413,7 @@ fn manifest(root: &Path, binaries: &[&str], nextest: &Path) -> String {
         "commit": commit,
         "packed": output(Path::new("date"), &["-u", "+%Y-%m-%d %H:%M:%S UTC"]),
         "nextest": version.lines().next().unwrap_or_default(),
-        "profile": "gpu",
+        "profile": "release, stripped",
         "binaries": binaries,
     })
     .to_string()
@@ -469,6 +475,7 @@ pub(super) fn write_payload(
             // holes as GNU sparse entries, whose reader yields the whole file.
             let mut data = Vec::new();
             entry.read_to_end(&mut data).map_err(io(&path))?;
+            let data = stripped(data, payload)?;
             let mut header = tar::Header::new_gnu();
             header.set_size(data.len() as u64);
             header.set_mode(entry.header().mode().map_err(io(&path))?);
@@ -480,7 +487,12 @@ pub(super) fn write_payload(
         }
     }
     for (path, name) in built {
-        tar.append_path_with_name(path, name).map_err(io(path))?;
+        let data = stripped(fs::read(path).map_err(io(path))?, payload)?;
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o755);
+        tar.append_data(&mut header, name, &data[..])
+            .map_err(io(path))?;
     }
     tar.append_path_with_name(nextest, "cargo-nextest")
         .map_err(io(nextest))?;
@@ -589,6 +601,40 @@ fn check_limit(total: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// An ELF executable without its symbol tables (`strip`, from binutils): release
+/// binaries of this workspace are about half symbols. Anything else, or a machine
+/// without `strip`, keeps its bytes.
+/// `beside` names where the temporary copy goes (its name plus `.strip`).
+fn stripped(data: Vec<u8>, beside: &Path) -> Result<Vec<u8>, String> {
+    if !data.starts_with(b"\x7fELF") {
+        return Ok(data);
+    }
+    let mut file = beside.as_os_str().to_owned();
+    file.push(".strip");
+    let file = PathBuf::from(file);
+    fs::write(&file, &data).map_err(io(&file))?;
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg(&file)
+        .stderr(Stdio::null())
+        .status();
+    let out = match status {
+        Ok(status) if status.success() => fs::read(&file).map_err(io(&file))?,
+        _ => {
+            eprintln!("strip failed or is missing: packing a binary with its symbols");
+            data
+        }
+    };
+    let _ = fs::remove_file(&file);
+    Ok(out)
+}
+
+/// `chmod 755`.
+fn set_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).map_err(io(path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,15 +661,15 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "CARGO_INCREMENTAL=0 /bin/cargo-nextest nextest archive --cargo-profile gpu \
+                "CARGO_INCREMENTAL=0 /bin/cargo-nextest nextest archive --cargo-profile release \
                  -p burn-graph-capture -p integration-tests --test gpu_runtime --test gpu_capture \
                  --test gpu_trainer --test integration --features cuda,fault-injection \
                  --archive-file /t/tests.tar.zst --zstd-level 1",
-                "CARGO_INCREMENTAL=0 cargo build --profile gpu -p integration-tests --features cuda \
+                "CARGO_INCREMENTAL=0 cargo build --release -p integration-tests --features cuda \
                  --bench gpu_graph_speed --message-format json-render-diagnostics",
-                "CARGO_INCREMENTAL=0 cargo build --profile gpu -p lstm-example --features cuda \
+                "CARGO_INCREMENTAL=0 cargo build --release -p lstm-example --features cuda \
                  --bin lstm --message-format json-render-diagnostics",
-                "CARGO_INCREMENTAL=0 cargo build --profile gpu -p xtask \
+                "CARGO_INCREMENTAL=0 cargo build --release -p xtask \
                  --message-format json-render-diagnostics",
             ]
         );
