@@ -15,7 +15,7 @@
 //! table goes to stdout.
 //!
 //! `cargo bench --features cuda -p integration-tests --bench gpu_matmul` on a GPU machine
-//! (`scripts/gpu-check.sh run matmul`).
+//! (`xtask gpu run matmul`).
 
 use std::time::Instant;
 

@@ -30,7 +30,7 @@ const OUT_VAR: &str = "GPU_CHILD_OUT";
 /// The child's autotune cache directory.
 const AUTOTUNE_VAR: &str = "GPU_CHILD_AUTOTUNE";
 /// Where this runtime's children keep their autotune results across tests and binaries
-/// (set by `scripts/gpu-check.sh`, so each shape is tuned once per run); a temporary
+/// (set by `xtask gpu run`, so each shape is tuned once per run); a temporary
 /// directory per test otherwise.
 const OURS_AUTOTUNE_VAR: &str = "GPU_OURS_AUTOTUNE";
 /// Autotune's log line for a key it had to tune (not found in the cache).
@@ -110,7 +110,7 @@ impl Children {
     }
 
     /// Runs one of this runtime's stacks with the autotune cache this test (or, under
-    /// gpu-check, this run) has built so far.
+    /// `xtask gpu run`, this run) has built so far.
     pub fn ours(&self, stack: &str) -> ChildRun {
         self.run(stack, &self.ours_autotune)
     }

@@ -18,7 +18,7 @@
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
 //!
-//! Built by `scripts/gpu-check.sh pack`; run by its `speed` and `ncu` stages.
+//! Built by `xtask gpu pack`; run by its `speed`, `ncu` and `racecheck` stages.
 //! - `gpu_graph_speed [SIZES] [STACKS]`: SIZES is `all` (default) or `b/t/h,b/t/h`;
 //!   STACKS a comma list of the stacks above (default all). Prints one JSON line per
 //!   measurement as soon as it is taken (`{"bench":"speed",..}`), then a table.

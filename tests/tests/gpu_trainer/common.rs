@@ -56,7 +56,7 @@ pub const D_INPUT: usize = 32;
 pub const WARMUP: usize = 3;
 
 /// Env var that cuts the long runs (200 correctness steps, 1,000 replays) to a tenth:
-/// `scripts/gpu-check.sh` sets it under compute-sanitizer, where every kernel runs
+/// `xtask gpu run memcheck` sets it under compute-sanitizer, where every kernel runs
 /// 10-100x slower, so the whole suite fits one sanitizer run on the same code paths.
 pub const SHORT_VAR: &str = "GPU_TRAINER_SHORT";
 
@@ -366,7 +366,7 @@ impl Comparison {
         }
     }
 
-    /// Prints one summary line (grepped by `gpu-check.sh`: "graphed vs eager") and
+    /// Prints one summary line ("graphed vs eager", kept in the JUnit output) and
     /// asserts every difference within `tolerance` relative.
     pub fn check(&self, case: &str, tolerance: f64) {
         println!(

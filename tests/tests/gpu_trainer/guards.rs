@@ -1,7 +1,7 @@
 //! Guards on the GPU (issue 5, acceptance 4): every case where a replay could go wrong
 //! either runs eagerly or stays equal to eager training, and nothing crashes.
 //!
-//! Small sizes: `gpu-check.sh` also runs these under compute-sanitizer memcheck.
+//! Small sizes: `xtask gpu run memcheck` also runs these under compute-sanitizer.
 
 use burn::prelude::*;
 use burn_graph_capture::{FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode};

@@ -17,7 +17,7 @@
 //!
 //! Every run is compared bit for bit with the same training written as plain Burn code
 //! with the same capturable optimizer (tied weights re-tied by hand, as plain Burn code
-//! must). Small sizes: `gpu-check.sh` also runs these under compute-sanitizer memcheck.
+//! must). Small sizes: `xtask gpu run memcheck` also runs these under compute-sanitizer.
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -162,7 +162,7 @@ fn digest(losses: &[f32]) -> String {
 }
 
 /// A line that separates a test's phases in its log, among cubecl's autotune lines
-/// (`gpu-check.sh`'s `AUTOTUNE_LOG=1`): which kernels each phase tuned first.
+/// (`AUTOTUNE_LOG=1`): which kernels each phase tuned first.
 fn phase(name: &str) {
     println!("=== phase: {name}");
 }
@@ -635,7 +635,7 @@ enum FirstSteps {
 }
 
 /// What bisected issue 11's cold divergence (`bench/results/inputs-2026-12-01.md`):
-/// run each variant first in a fresh process (the `cold` stage of `scripts/gpu-check.sh`,
+/// run each variant first in a fresh process (the `cold` stage of `xtask gpu run`,
 /// `COLD_FILTER=inputs::fused::first_steps_<variant>`), so that its first steps meet a
 /// cold autotune cache and plain eager code then repeats them warm. A difference names
 /// what the variant adds around a step that changes its kernels. (The cause found: plain

@@ -36,7 +36,7 @@
 //! `<module>::<stack>::<test>` (e.g. `guards::cube::shared_parameters_part_after_the_first_update`).
 //!
 //! Every test is `#[ignore]`d: it needs an NVIDIA GPU and fails without one. Run on the
-//! GPU machine through `scripts/gpu-check.sh`, one test at a time (`--test-threads=1`):
+//! GPU machine through `xtask gpu run`, one test at a time (`--test-threads=1`):
 //! tests share the device, and some count its live graphs.
 #![cfg(feature = "cuda")]
 

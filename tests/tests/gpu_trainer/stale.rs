@@ -16,7 +16,7 @@
 //! 4. a batch whose target is a column sliced from a wider upload and whose mask is
 //!    expanded over the batch replays (their pins keep the views' layouts).
 //!
-//! Small sizes: `gpu-check.sh` also runs these under compute-sanitizer memcheck.
+//! Small sizes: `xtask gpu run memcheck` also runs these under compute-sanitizer.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;

@@ -5,7 +5,7 @@
 //!
 //! `fuzz`, `threads` and `shared_embedding` also hold GPU variants (feature `cuda`,
 //! `#[ignore]`d, in a `gpu` module of each: `fuzz::gpu::`, `threads::gpu::`,
-//! `shared_embedding::gpu::`), which `scripts/gpu-check.sh` runs. The GPU trainer tests
+//! `shared_embedding::gpu::`), which `xtask gpu run` runs. The GPU trainer tests
 //! are a binary of their own, `gpu_trainer`.
 
 #[path = "../common/mod.rs"]

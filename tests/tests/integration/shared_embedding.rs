@@ -10,7 +10,7 @@
 //! SIGSEGV).
 //!
 //! On the CPU (`Flex`) in CI at 16 and 64 tokens (debug builds are slow); the GPU
-//! variants, at 64, 256 and 512, are `#[ignore]`d and run by `scripts/gpu-check.sh`
+//! variants, at 64, 256 and 512, are `#[ignore]`d and run by `xtask gpu run`
 //! (stage `reliability`).
 
 use burn::backend::Flex;

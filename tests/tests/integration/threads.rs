@@ -3,7 +3,7 @@
 //! replay. Each must equal its own eager run, and no step may be refused.
 //!
 //! On the CPU this checks that sessions, the share registry and the lent copies keep
-//! threads apart. The GPU variants (`#[ignore]`d, run by `scripts/gpu-check.sh`) run the
+//! threads apart. The GPU variants (`#[ignore]`d, run by `xtask gpu run`) run the
 //! same on this crate's CUDA stacks, where captures are THREAD_LOCAL on the runtime's one
 //! stream and other threads' work waits while a window is open: every trainer must
 //! capture and replay (a capture waits for another thread's window to close), and each
