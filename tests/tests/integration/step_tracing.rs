@@ -1,6 +1,11 @@
 //! The trainer logs each mode change at info level and every step at debug level.
+//!
+//! Counted in a process of its own: tracing's level filter and callsites' interest are
+//! process-wide, so other tests on other threads of this binary (their subscribers come
+//! and go) could filter out a debug line this test's subscriber wants.
 
 use std::io::Write;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use burn::backend::Flex;
@@ -26,9 +31,32 @@ impl Write for Sink {
     }
 }
 
+/// Set in the child process that counts the lines.
+const CHILD: &str = "STEP_TRACING_CHILD";
+
 #[test]
 fn mode_changes_are_info_and_steps_are_debug() {
     let _rng = crate::common::rng::shared();
+    if std::env::var_os(CHILD).is_some() {
+        return count_log_lines();
+    }
+    let module = module_path!().split_once("::").map_or("", |(_, path)| path);
+    let test = format!("{module}::mode_changes_are_info_and_steps_are_debug");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the child test process starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran the test: {stdout}"
+    );
+}
+
+fn count_log_lines() {
     let sink = Sink::default();
     let writer = sink.clone();
     let subscriber = tracing_subscriber::fmt()
