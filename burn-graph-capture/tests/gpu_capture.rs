@@ -142,13 +142,17 @@ fn c1_replays_match_eager_bit_for_bit_with_eager_churn_between() {
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on the GPU machine"]
 fn c2_window_allocates_new_pages_and_a_host_read_fails_cleanly() {
-    // Warm the zeros kernel with a small tensor.
-    let _ = host(Tensor::<B, 1>::zeros([16], &dev()));
+    // Warm the zeros kernel at the window's size (a small tensor launches another
+    // variant, which the window would meet first when this test runs in a process of its
+    // own), and hold the warm tensor so that its page cannot serve the window.
+    let warm = Tensor::<B, 1>::zeros([64 << 20], &dev());
+    let _ = host(warm.clone().narrow(0, 0, 16));
     capture_begin(&dev()).expect("capture_begin");
     // 256 MiB: no page reserved before the window can serve it; the window allocates one
     // (plain cuMemAlloc in relaxed capture mode) and the graph retains it.
     let big = Tensor::<B, 1>::zeros([64 << 20], &dev());
     let graph = capture_end(&dev()).expect("a window may allocate new pages");
+    drop(warm);
     graph.replay().expect("replay");
     let head = host(big.clone().narrow(0, 0, 1024));
     assert!(head.iter().all(|v| *v == 0.0), "the replay wrote the zeros");
