@@ -62,25 +62,17 @@ pub fn check(src: &Path) -> Result<usize, String> {
 
 /// Every `.rs` file under `src` with its module path.
 fn collect(src: &Path) -> Result<Vec<SourceFile>, String> {
-    let mut out = Vec::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for entry in entries {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                out.push(SourceFile {
-                    module: module_path(src, &path),
-                    text,
-                });
-            }
-        }
-    }
-    Ok(out)
+    crate::rust_files(src)?
+        .into_iter()
+        .map(|path| {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(SourceFile {
+                module: module_path(src, &path),
+                text,
+            })
+        })
+        .collect()
 }
 
 fn module_path(src: &Path, file: &Path) -> ModPath {
