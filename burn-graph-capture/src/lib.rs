@@ -15,6 +15,7 @@
 extern crate self as burn_graph_capture;
 
 pub mod backend;
+mod cause;
 #[cfg(feature = "cuda")]
 pub(crate) mod custom_op;
 pub mod nn;
@@ -34,6 +35,7 @@ pub use backend::{
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};
+pub use cause::Cause;
 pub use parallel::{
     Collectives, DataParallel, DataParallelConfig, DistError, RankLink, RankMember,
 };

@@ -19,8 +19,10 @@ use burn_ir::{CustomOpIr, OperationIr};
 use cubecl_core::zspace::striding::row_major_contiguous_strides;
 
 use super::layout;
+use crate::cause::Cause;
 use crate::custom_op::{Handles, output};
 use crate::parallel::Collectives;
+use crate::parallel::error::{CollectiveFailure, GroupMisuse};
 use crate::parallel::{DistError, RankLink};
 use crate::runtime::nccl::{self, CollectiveOp};
 use crate::runtime::{
@@ -37,7 +39,7 @@ fn key(link: &RankLink) -> u64 {
 }
 
 fn collective_err(err: CaptureError) -> DistError {
-    DistError::Collective(err.to_string())
+    DistError::Collective(CollectiveFailure::Runtime(Cause::new(err)))
 }
 
 /// Joins `link`'s group on `device`: the ranks show their devices (one rank per GPU:
@@ -58,20 +60,18 @@ pub(super) fn join(device: &CudaGraphDevice, link: &RankLink) -> Result<(), Dist
         .flat_map(|b| (0..b).map(move |a| (b, a)))
         .find(|&(b, a)| seats[a] == seats[b])
     {
-        return Err(DistError::InvalidUse(format!(
-            "ranks {first} and {second} are both on GPU {} of one process: NCCL takes one \
-             rank per GPU",
-            seats[first].device
-        )));
+        return Err(DistError::InvalidUse(GroupMisuse::SharedGpu {
+            first,
+            second,
+            device: seats[first].device,
+        }));
     }
     if let Some(Err(err)) = made {
         return Err(collective_err(err));
     }
     let id = all[0][Seat::BYTES..].to_vec();
     if id.is_empty() {
-        return Err(DistError::Collective(
-            "rank 0 could not make an NCCL id (is NCCL available there?)".into(),
-        ));
+        return Err(DistError::Collective(CollectiveFailure::NoNcclId));
     }
     let (key, rank, world) = (key(link), link.rank(), link.world());
     let comm = try_with_server(device, move |server| server.nccl_join(key, id, rank, world))
@@ -146,11 +146,13 @@ pub(super) fn run(
     let mut operands = Vec::with_capacity(tensors.len());
     let mut outputs = Vec::with_capacity(tensors.len());
     for tensor in tensors {
-        if tensor.dtype != DType::F32 || tensor.device != device {
-            return Err(DistError::Collective(format!(
-                "collectives take fp32 tensors of one device, not {:?} on {:?}",
-                tensor.dtype, tensor.device
-            )));
+        if tensor.dtype != DType::F32 {
+            return Err(DistError::Collective(CollectiveFailure::NotF32 {
+                dtype: tensor.dtype,
+            }));
+        }
+        if tensor.device != device {
+            return Err(DistError::Collective(CollectiveFailure::MixedDevices));
         }
         let src = packed(tensor)?;
         let count = src.meta.shape().iter().product::<usize>();
@@ -194,11 +196,10 @@ fn packed(tensor: CubeTensor<CudaGraphRuntime>) -> Result<CubeTensor<CudaGraphRu
     if is_packed(&copy) {
         Ok(copy)
     } else {
-        Err(DistError::Collective(format!(
-            "a tensor of shape {:?} could not be packed (strides {:?})",
-            copy.meta.shape(),
-            copy.meta.strides()
-        )))
+        Err(DistError::Collective(CollectiveFailure::Unpackable {
+            shape: copy.meta.shape().to_vec(),
+            strides: copy.meta.strides().to_vec(),
+        }))
     }
 }
 
@@ -222,7 +223,7 @@ impl<B: FusionBackend + Collectives> Operation<B::FusionRuntime> for CollectiveF
         let done = match self.op {
             CollectiveOp::Mean => B::all_reduce_mean(inputs.clone(), &self.link),
             CollectiveOp::Broadcast { root } => B::broadcast(inputs.clone(), root, &self.link),
-            CollectiveOp::Sum => Err(DistError::Collective("no sum on fused stacks".into())),
+            CollectiveOp::Sum => Err(DistError::Collective(CollectiveFailure::NoFusedSum)),
         };
         let results = done.unwrap_or_else(|error| {
             // The outputs must exist for fusion; the group's failure stops the step.
@@ -245,10 +246,9 @@ pub(super) fn fused<B: FusionBackend + Collectives>(
         return Ok(Vec::new());
     };
     if let Some(other) = tensors.iter().find(|t| t.dtype != DType::F32) {
-        return Err(DistError::Collective(format!(
-            "collectives take fp32 tensors, not {:?}",
-            other.dtype
-        )));
+        return Err(DistError::Collective(CollectiveFailure::NotF32 {
+            dtype: other.dtype,
+        }));
     }
     let client = first.client.clone();
     let outputs: Vec<_> = tensors

@@ -11,6 +11,8 @@ mod flex {
     use crate::backend::{
         AnyTensor, BufferId, Captured, GraphBackend, GraphError, NoGraph, RoutedMatmul,
     };
+    use crate::cause::Cause;
+    use crate::parallel::error::CollectiveFailure;
     use crate::parallel::{Collectives, DistError, RankLink, host};
     use crate::rng::{RandomDraws, draw, state::Words};
 
@@ -37,7 +39,7 @@ mod flex {
             .into_iter()
             .map(|t| {
                 ready(Flex::float_into_data(t)).map_err(|err| {
-                    DistError::Collective(format!("reading a tensor for a collective: {err:?}"))
+                    DistError::Collective(CollectiveFailure::TensorRead(Cause::new(err)))
                 })
             })
             .collect::<Result<_, _>>()?;

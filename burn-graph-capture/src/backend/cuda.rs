@@ -17,9 +17,10 @@ use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
 use crate::backend::{
-    AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul, RuntimeCause,
-    RuntimeFailure, layout,
+    AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul, RuntimeFailure,
+    layout,
 };
+use crate::cause::Cause;
 use crate::parallel::{Collectives, DistError, RankLink};
 use crate::rng::RandomDraws;
 use crate::runtime::nccl::CollectiveOp;
@@ -34,7 +35,7 @@ pub type CudaCube = CubeBackend<CudaGraphRuntime, f32, i32, u8>;
 fn runtime_err(err: CaptureError) -> GraphError {
     GraphError::Runtime {
         kind: failure_kind(&err),
-        cause: RuntimeCause::new(err),
+        cause: Cause::new(err),
     }
 }
 

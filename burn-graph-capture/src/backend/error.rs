@@ -1,11 +1,10 @@
 //! Why a graph operation failed: typed, serializable for reports, with sources.
 
-use std::error::Error;
-use std::fmt;
-use std::sync::Arc;
-
 use burn_backend::DType;
 use serde::{Deserialize, Serialize};
+
+use super::tensor_kind::TensorKind;
+use crate::cause::Cause;
 
 /// A graph operation that could not be done. The step then runs eagerly.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -37,14 +36,16 @@ pub enum GraphError {
     /// was closed and nothing recorded ran; the step runs eagerly instead.
     #[error("the step panicked while it was recorded: {0}")]
     CapturePanicked(String),
-    /// The driver or runtime refused a capture, instantiate or replay call.
+    /// The driver or runtime refused a capture, instantiate or replay call. Its cause is
+    /// the runtime's own error (the CUDA runtime's `CaptureError`, reached with
+    /// [`Cause::downcast_ref`]).
     #[error("graph runtime error ({kind:?})")]
     Runtime {
         /// What failed, for code that reacts to it.
         kind: RuntimeFailure,
         /// The runtime's own error.
         #[source]
-        cause: RuntimeCause,
+        cause: Cause,
     },
 }
 
@@ -86,10 +87,10 @@ pub enum CopyMismatch {
     /// One side is a float tensor and the other an int tensor, say.
     #[error("a {dst} tensor and a {src} tensor")]
     Kind {
-        /// The destination's kind (`float`, `int`, `bool`).
-        dst: String,
+        /// The destination's kind.
+        dst: TensorKind,
         /// The source's kind.
-        src: String,
+        src: TensorKind,
     },
     /// Shapes or dtypes differ.
     #[error("destination {dst_shape:?} {dst_dtype:?}, source {src_shape:?} {src_dtype:?}")]
@@ -111,81 +112,13 @@ pub enum CopyMismatch {
     StateGrew,
     /// Pinning returned a tensor of another kind than it was given.
     #[error("pinning a {0} tensor returned another kind")]
-    PinChangedKind(String),
-}
-
-/// The runtime's own error behind [`GraphError::Runtime`]. Where this process made it,
-/// it is kept whole (reach it with [`RuntimeCause::downcast_ref`], e.g. to the CUDA
-/// runtime's `CaptureError` and its driver error); reports keep its text, which is all a
-/// deserialized cause has.
-#[derive(Clone)]
-pub struct RuntimeCause {
-    text: String,
-    error: Option<Arc<dyn Error + Send + Sync>>,
-}
-
-impl RuntimeCause {
-    /// Keeps `error` as the cause.
-    pub fn new(error: impl Error + Send + Sync + 'static) -> Self {
-        Self {
-            text: error.to_string(),
-            error: Some(Arc::new(error)),
-        }
-    }
-
-    /// The runtime's error as `E`, if that is its type and this process made it.
-    pub fn downcast_ref<E: Error + 'static>(&self) -> Option<&E> {
-        self.error.as_deref()?.downcast_ref()
-    }
-}
-
-impl fmt::Display for RuntimeCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl fmt::Debug for RuntimeCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.error {
-            Some(error) => fmt::Debug::fmt(error, f),
-            None => f.debug_tuple("RuntimeCause").field(&self.text).finish(),
-        }
-    }
-}
-
-impl Error for RuntimeCause {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.error.as_deref()?.source()
-    }
-}
-
-/// Causes are equal when they read the same (a report's cause has only its text).
-impl PartialEq for RuntimeCause {
-    fn eq(&self, other: &Self) -> bool {
-        self.text == other.text
-    }
-}
-
-impl Eq for RuntimeCause {}
-
-impl Serialize for RuntimeCause {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.text)
-    }
-}
-
-impl<'de> Deserialize<'de> for RuntimeCause {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(Self {
-            text: String::deserialize(deserializer)?,
-            error: None,
-        })
-    }
+    PinChangedKind(TensorKind),
 }
 
 #[cfg(test)]
 mod tests {
+    use std::error::Error as _;
+
     use super::*;
 
     #[derive(Debug, thiserror::Error)]
@@ -200,7 +133,7 @@ mod tests {
     fn a_runtime_cause_keeps_the_error_and_its_chain() {
         let err = GraphError::Runtime {
             kind: RuntimeFailure::Driver,
-            cause: RuntimeCause::new(Outer(Inner)),
+            cause: Cause::new(Outer(Inner)),
         };
         let cause = err.source().expect("a source");
         assert_eq!(cause.to_string(), "outer failure");
@@ -218,7 +151,7 @@ mod tests {
     fn a_reported_cause_keeps_its_text() {
         let err = GraphError::Runtime {
             kind: RuntimeFailure::HostSync,
-            cause: RuntimeCause::new(Inner),
+            cause: Cause::new(Inner),
         };
         let json = serde_json::to_string(&err).unwrap();
         let back: GraphError = serde_json::from_str(&json).unwrap();

@@ -33,11 +33,12 @@ mod random;
 mod relabel;
 mod routed_matmul;
 pub mod session;
+mod tensor_kind;
 
 pub use base::{GraphCapture, TrainBackend};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaCube;
-pub use error::{CopyMismatch, GraphError, RuntimeCause, RuntimeFailure};
+pub use error::{CopyMismatch, GraphError, RuntimeFailure};
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};
 pub use graph_backend::{BufferId, Captured, GraphBackend, NoGraph};
@@ -49,3 +50,4 @@ pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, ExternalRead, OpRecord, OpSignature, Recording,
     TensorSig,
 };
+pub use tensor_kind::TensorKind;

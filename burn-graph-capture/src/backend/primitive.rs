@@ -7,6 +7,7 @@ use burn_backend::{Backend, DType, Scalar, Shape, TensorMetadata};
 
 use super::error::CopyMismatch;
 use super::identity::{Allocated, AllocationId};
+use super::tensor_kind::TensorKind;
 
 /// A float, int or bool tensor primitive of backend `B`.
 pub enum AnyTensor<B: Backend> {
@@ -46,12 +47,12 @@ impl<B: Backend> AnyTensor<B> {
         }
     }
 
-    /// `"float"`, `"int"` or `"bool"`, for messages.
-    pub fn kind(&self) -> &'static str {
+    /// Its kind.
+    pub fn kind(&self) -> TensorKind {
         match self {
-            AnyTensor::Float(_) => "float",
-            AnyTensor::Int(_) => "int",
-            AnyTensor::Bool(_) => "bool",
+            AnyTensor::Float(_) => TensorKind::Float,
+            AnyTensor::Int(_) => TensorKind::Int,
+            AnyTensor::Bool(_) => TensorKind::Bool,
         }
     }
 
@@ -59,8 +60,8 @@ impl<B: Backend> AnyTensor<B> {
     pub fn check_copy_from(&self, src: &Self) -> Result<(), CopyMismatch> {
         if self.kind() != src.kind() {
             return Err(CopyMismatch::Kind {
-                dst: self.kind().into(),
-                src: src.kind().into(),
+                dst: self.kind(),
+                src: src.kind(),
             });
         }
         let (dst_shape, src_shape) = (self.shape(), src.shape());

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use burn::config::Config;
 
-use super::error::DistError;
+use super::error::{DistError, GroupMisuse};
 use super::rendezvous::{FailureHook, Meeting, Rendezvous};
 use super::tcp::TcpMeeting;
 
@@ -64,15 +64,7 @@ impl DataParallel {
     /// A group of `world` ranks.
     pub fn new(world: usize, config: &DataParallelConfig) -> Result<Self, DistError> {
         if world == 0 {
-            return Err(DistError::InvalidUse(
-                "a group needs at least one rank".into(),
-            ));
-        }
-        if !(config.timeout_secs.is_finite() && config.timeout_secs > 0.0) {
-            return Err(DistError::InvalidUse(format!(
-                "the timeout must be a positive number of seconds, not {}",
-                config.timeout_secs
-            )));
+            return Err(DistError::InvalidUse(GroupMisuse::NoRanks));
         }
         let timeout = timeout(config)?;
         Ok(Self {
@@ -113,13 +105,11 @@ impl DataParallel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match taken.get_mut(rank) {
-            None => Err(DistError::InvalidUse(format!(
-                "rank {rank} of a group of {}",
-                self.world()
-            ))),
-            Some(true) => Err(DistError::InvalidUse(format!(
-                "rank {rank} was taken already"
-            ))),
+            None => Err(DistError::InvalidUse(GroupMisuse::RankOutOfRange {
+                rank,
+                world: self.world(),
+            })),
+            Some(true) => Err(DistError::InvalidUse(GroupMisuse::RankTaken { rank })),
             Some(slot) => {
                 *slot = true;
                 Ok(RankMember {
@@ -156,10 +146,9 @@ fn timeout(config: &DataParallelConfig) -> Result<Duration, DistError> {
     if config.timeout_secs.is_finite() && config.timeout_secs > 0.0 {
         Ok(Duration::from_secs_f64(config.timeout_secs))
     } else {
-        Err(DistError::InvalidUse(format!(
-            "the timeout must be a positive number of seconds, not {}",
-            config.timeout_secs
-        )))
+        Err(DistError::InvalidUse(GroupMisuse::BadTimeout {
+            secs: config.timeout_secs,
+        }))
     }
 }
 

@@ -4,8 +4,9 @@
 
 use burn::tensor::{DType, TensorData};
 
-use super::error::DistError;
+use super::error::{CollectiveFailure, Disagreement, DistError, GroupMisuse};
 use super::group::RankLink;
+use crate::cause::Cause;
 
 /// Each tensor averaged elementwise over the ranks: summed in rank order in f32, then
 /// divided by the number of ranks; returned in each tensor's own dtype.
@@ -47,7 +48,10 @@ pub(crate) fn broadcast(
     let gathered = member.all_gather(encode(&values))?;
     let payload = gathered
         .get(root)
-        .ok_or_else(|| DistError::InvalidUse(format!("broadcast from rank {root}")))?;
+        .ok_or(DistError::InvalidUse(GroupMisuse::RankOutOfRange {
+            rank: root,
+            world: gathered.len(),
+        }))?;
     let theirs = decode(payload, &values)?;
     Ok(tensors
         .into_iter()
@@ -64,7 +68,7 @@ fn as_f32(data: &TensorData) -> Result<Vec<f32>, DistError> {
         _ => data.clone().convert_dtype(DType::F32),
     };
     data.to_vec::<f32>()
-        .map_err(|err| DistError::Collective(format!("a host collective's tensor: {err:?}")))
+        .map_err(|err| DistError::Collective(CollectiveFailure::TensorRead(Cause::new(err))))
 }
 
 /// Every tensor's values, little-endian, one after the other.
@@ -80,10 +84,10 @@ fn encode(values: &[Vec<f32>]) -> Vec<u8> {
 fn decode(payload: &[u8], like: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, DistError> {
     let expected: usize = like.iter().map(|t| t.len() * 4).sum();
     if payload.len() != expected {
-        return Err(DistError::Mismatch(format!(
-            "a rank gave {} bytes of tensors where this rank gave {expected}",
-            payload.len()
-        )));
+        return Err(DistError::Mismatch(Disagreement::TensorBytes {
+            given: payload.len(),
+            expected,
+        }));
     }
     let mut floats = payload
         .chunks_exact(4)

@@ -25,5 +25,5 @@ mod rendezvous;
 mod tcp;
 
 pub use collectives::Collectives;
-pub use error::DistError;
+pub use error::{CollectiveFailure, Disagreement, DistError, GroupMisuse, LinkStep};
 pub use group::{DataParallel, DataParallelConfig, RankLink, RankMember};

@@ -14,7 +14,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::error::DistError;
+use super::error::{DistError, GroupMisuse};
 
 /// What runs once when a group fails abortively: aborting its communicators, so that
 /// peers stuck in a device collective are released.
@@ -123,8 +123,7 @@ impl Meeting for Rendezvous {
             return Err(self.fail_locked(state, DistError::RankLeft { rank: left }));
         }
         if state.given[rank].is_some() {
-            let error =
-                DistError::InvalidUse(format!("rank {rank} gave two payloads in one round"));
+            let error = DistError::InvalidUse(GroupMisuse::TwoPayloads { rank });
             return Err(self.fail_locked(state, error));
         }
         state.given[rank] = Some(payload);

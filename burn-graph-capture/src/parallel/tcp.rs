@@ -21,8 +21,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::error::DistError;
+use super::error::{CollectiveFailure, Disagreement, DistError, GroupMisuse, LinkStep};
 use super::rendezvous::{FailureHook, Meeting};
+use crate::cause::Cause;
 
 /// What a frame carries.
 #[derive(Debug)]
@@ -52,8 +53,8 @@ const FAILURE: u8 = 3;
 const BYE: u8 = 4;
 const HELLO: u8 = 5;
 
-fn io_err(what: &str, err: std::io::Error) -> DistError {
-    DistError::Collective(format!("{what}: {err}"))
+fn io_err(step: LinkStep, err: std::io::Error) -> DistError {
+    DistError::Collective(CollectiveFailure::Link(step, Cause::new(err)))
 }
 
 fn write_frame(stream: &mut TcpStream, kind: u8, bytes: &[u8]) -> std::io::Result<()> {
@@ -142,13 +143,14 @@ impl TcpMeeting {
         timeout: Duration,
     ) -> Result<Self, DistError> {
         if rank >= world {
-            return Err(DistError::InvalidUse(format!(
-                "rank {rank} of a group of {world}"
-            )));
+            return Err(DistError::InvalidUse(GroupMisuse::RankOutOfRange {
+                rank,
+                world,
+            }));
         }
         let deadline = Instant::now() + timeout;
         let streams = if rank == 0 {
-            let listener = TcpListener::bind(address).map_err(|e| io_err("listening", e))?;
+            let listener = TcpListener::bind(address).map_err(|e| io_err(LinkStep::Listen, e))?;
             accept_all(&listener, world, deadline)?
         } else {
             let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
@@ -163,10 +165,10 @@ impl TcpMeeting {
                 Some(stream) => {
                     stream
                         .set_nodelay(true)
-                        .map_err(|e| io_err("TCP_NODELAY", e))?;
+                        .map_err(|e| io_err(LinkStep::Configure, e))?;
                     let reader = stream
                         .try_clone()
-                        .map_err(|e| io_err("a socket's reader", e))?;
+                        .map_err(|e| io_err(LinkStep::Configure, e))?;
                     readers.push((peer, reader));
                     peers.push(Some(Mutex::new(stream)));
                 }
@@ -191,7 +193,7 @@ impl TcpMeeting {
             std::thread::Builder::new()
                 .name(format!("dist-rank{rank}-peer{peer}"))
                 .spawn(move || shared.read_from(peer, stream))
-                .map_err(|e| io_err("a reader thread", e))?;
+                .map_err(|e| io_err(LinkStep::SpawnReader, e))?;
         }
         Ok(Self {
             shared,
@@ -208,37 +210,43 @@ fn accept_all(
 ) -> Result<Vec<Option<TcpStream>>, DistError> {
     listener
         .set_nonblocking(true)
-        .map_err(|e| io_err("listening", e))?;
+        .map_err(|e| io_err(LinkStep::Listen, e))?;
     let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     while streams.iter().skip(1).any(Option::is_none) {
         match listener.accept() {
             Ok((mut stream, _)) => {
                 stream
                     .set_nonblocking(false)
-                    .map_err(|e| io_err("accepting", e))?;
+                    .map_err(|e| io_err(LinkStep::Accept, e))?;
                 let left = deadline
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(1));
                 stream
                     .set_read_timeout(Some(left))
-                    .map_err(|e| io_err("accepting", e))?;
+                    .map_err(|e| io_err(LinkStep::Accept, e))?;
                 let (kind, hello) =
-                    read_frame(&mut stream).map_err(|e| io_err("a rank's hello", e))?;
+                    read_frame(&mut stream).map_err(|e| io_err(LinkStep::ReadHello, e))?;
                 stream
                     .set_read_timeout(None)
-                    .map_err(|e| io_err("accepting", e))?;
+                    .map_err(|e| io_err(LinkStep::Accept, e))?;
                 let (peer, theirs) = parse_hello(kind, &hello)?;
                 if theirs != world {
-                    return Err(DistError::Mismatch(format!(
-                        "rank {peer} joins a group of {theirs}, rank 0 one of {world}"
-                    )));
+                    return Err(DistError::Mismatch(Disagreement::WorldSize {
+                        rank: peer,
+                        theirs,
+                        ours: world,
+                    }));
                 }
                 match streams.get_mut(peer) {
                     Some(slot @ None) if peer > 0 => *slot = Some(stream),
-                    _ => {
-                        return Err(DistError::InvalidUse(format!(
-                            "rank {peer} joined twice, or is out of range"
-                        )));
+                    Some(_) => {
+                        return Err(DistError::InvalidUse(GroupMisuse::RankTaken { rank: peer }));
+                    }
+                    None => {
+                        return Err(DistError::InvalidUse(GroupMisuse::RankOutOfRange {
+                            rank: peer,
+                            world,
+                        }));
                     }
                 }
             }
@@ -254,7 +262,7 @@ fn accept_all(
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            Err(err) => return Err(io_err("accepting", err)),
+            Err(err) => return Err(io_err(LinkStep::Accept, err)),
         }
     }
     Ok(streams)
@@ -268,9 +276,7 @@ fn parse_hello(kind: u8, hello: &[u8]) -> Result<(usize, usize), DistError> {
     };
     match (kind, word(0), word(4)) {
         (HELLO, Some(rank), Some(world)) => Ok((rank, world)),
-        _ => Err(DistError::InvalidUse(
-            "a connection that is not a rank of this group".into(),
-        )),
+        _ => Err(DistError::InvalidUse(GroupMisuse::Stranger)),
     }
 }
 
@@ -286,11 +292,12 @@ fn connect_to_hub(
             Ok(mut stream) => {
                 let mut hello = (rank as u32).to_le_bytes().to_vec();
                 hello.extend_from_slice(&(world as u32).to_le_bytes());
-                write_frame(&mut stream, HELLO, &hello).map_err(|e| io_err("saying hello", e))?;
+                write_frame(&mut stream, HELLO, &hello)
+                    .map_err(|e| io_err(LinkStep::SayHello, e))?;
                 return Ok(stream);
             }
             Err(err) if Instant::now() >= deadline => {
-                return Err(io_err("connecting to rank 0", err));
+                return Err(io_err(LinkStep::Connect, err));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
@@ -412,10 +419,10 @@ impl Meeting for TcpMeeting {
     fn all_gather(&self, rank: usize, payload: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>, DistError> {
         let shared = &self.shared;
         if rank != shared.rank {
-            return Err(DistError::InvalidUse(format!(
-                "rank {rank} gathers in rank {}'s process",
-                shared.rank
-            )));
+            return Err(DistError::InvalidUse(GroupMisuse::WrongProcess {
+                rank,
+                process_rank: shared.rank,
+            }));
         }
         if let Some(error) = shared.check() {
             return Err(error);
@@ -428,11 +435,10 @@ impl Meeting for TcpMeeting {
                 match self.next_event(deadline) {
                     Ok(Event::All(all)) if all.len() == shared.world => return Ok(Arc::new(all)),
                     Ok(Event::All(all)) => {
-                        let error = DistError::Mismatch(format!(
-                            "{} payloads in a round of {}",
-                            all.len(),
-                            shared.world
-                        ));
+                        let error = DistError::Mismatch(Disagreement::RoundSize {
+                            given: all.len(),
+                            world: shared.world,
+                        });
                         return Err(shared.fail(error));
                     }
                     Ok(_) => {
@@ -452,9 +458,7 @@ impl Meeting for TcpMeeting {
                     given[peer] = Some(bytes)
                 }
                 Ok(Event::Payload(peer, _)) => {
-                    let error = DistError::InvalidUse(format!(
-                        "rank {peer} gave two payloads in one round"
-                    ));
+                    let error = DistError::InvalidUse(GroupMisuse::TwoPayloads { rank: peer });
                     return Err(shared.fail(error));
                 }
                 Ok(_) => {
@@ -551,6 +555,53 @@ mod tests {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     }
 
+    /// Rank 0 on an address already taken: the link's failure says where it was, and
+    /// keeps the operating system's error as its source, whole in this process and as
+    /// text once it crosses to another rank.
+    #[test]
+    fn a_taken_address_is_a_link_failure_with_the_os_error_as_source() {
+        use std::error::Error as _;
+
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap();
+        let Err(error) = TcpMeeting::connect(address, 0, 2, Duration::from_secs(1)) else {
+            panic!("rank 0 listened on a taken address");
+        };
+        let DistError::Collective(CollectiveFailure::Link(LinkStep::Listen, cause)) = &error else {
+            panic!("{error:?}");
+        };
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .expect("the OS error");
+        assert_eq!(io.kind(), ErrorKind::AddrInUse);
+        let failure = error.source().expect("the collective's failure");
+        assert_eq!(
+            failure.to_string(),
+            "the group's TCP link failed while listening"
+        );
+        assert_eq!(
+            failure.source().map(ToString::to_string),
+            Some(io.to_string())
+        );
+        let json = serde_json::to_vec(&error).unwrap();
+        let crossed: DistError = serde_json::from_slice(&json).unwrap();
+        assert_eq!(crossed, error, "the same failure, read the same");
+    }
+
+    #[test]
+    fn a_rank_beyond_the_world_is_refused_before_connecting() {
+        let Err(error) =
+            TcpMeeting::connect(("127.0.0.1", free_port()), 2, 2, Duration::from_secs(1))
+        else {
+            panic!("rank 2 of 2 joined");
+        };
+        assert_eq!(
+            error,
+            DistError::InvalidUse(GroupMisuse::RankOutOfRange { rank: 2, world: 2 })
+        );
+        assert!(!error.aborts());
+    }
+
     #[test]
     fn ranks_gather_over_tcp_round_after_round() {
         let meetings = meetings(3, Duration::from_secs(20));
@@ -606,7 +657,7 @@ mod tests {
         let meetings = meetings(3, Duration::from_secs(20));
         let failed = DistError::RankFailed {
             rank: 2,
-            detail: "test".into(),
+            cause: Cause::new(std::io::Error::other("test")),
         };
         meetings[2].fail(failed.clone());
         for (rank, meeting) in meetings.iter().enumerate().take(2) {

@@ -163,14 +163,15 @@ pub enum CaptureError {
     },
     /// NCCL could not be loaded, or is too old for collectives in graphs.
     #[error("NCCL is unavailable: {0}")]
-    NcclUnavailable(String),
+    NcclUnavailable(NcclMissing),
     /// An NCCL call failed, or a communicator was aborted.
-    #[error("NCCL call `{call}` failed: {detail}")]
+    #[error("NCCL call `{call}` failed: {failure}")]
     Nccl {
         /// The NCCL function.
         call: &'static str,
-        /// NCCL's result, or why the communicator is gone.
-        detail: String,
+        /// NCCL's result, or why the call could not be made.
+        #[source]
+        failure: NcclFailure,
     },
     /// cuBLAS could not be loaded (no libcublas on the library path): matmuls run
     /// CubeCL's kernels instead.
@@ -224,4 +225,55 @@ mod tests {
         assert_eq!(source, Some(&driver));
         assert!(matches!(init, InitError::Driver { call: "cuInit", .. }));
     }
+}
+
+/// Why NCCL cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NcclMissing {
+    /// No `libnccl.so` on the library path.
+    #[error(
+        "libnccl.so was not found on the library path (pip's nvidia-nccl ships only \
+         libnccl.so.2: link libnccl.so to it in a directory of LD_LIBRARY_PATH)"
+    )]
+    NotFound,
+    /// An NCCL older than 2.10, which cannot average or be captured into graphs.
+    #[error("NCCL {version} is older than 2.10 (graph capture and averaging)")]
+    TooOld {
+        /// NCCL's version code (e.g. 21903 for 2.19.3).
+        version: i32,
+    },
+}
+
+/// How an NCCL call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NcclFailure {
+    /// NCCL returned an error.
+    #[error("NCCL returned {0:?}")]
+    Status(cudarc::nccl::sys::ncclResult_t),
+    /// A communicator's unique id of another size than NCCL's.
+    #[error("a unique id of {len} bytes, not 128")]
+    IdLength {
+        /// The id's length.
+        len: usize,
+    },
+    /// The communicator was aborted or closed, for this reason.
+    #[error("the communicator is gone: {reason}")]
+    Gone {
+        /// Why it was aborted (the group's failure) or closed.
+        reason: String,
+    },
+    /// A broadcast from a rank the communicator does not have.
+    #[error("root {root} of {world} ranks")]
+    RootOutOfRange {
+        /// The root asked for.
+        root: usize,
+        /// The communicator's ranks.
+        world: usize,
+    },
+    /// No communicator under this key on the device: the rank did not join.
+    #[error("no communicator {key} on this device (the rank did not join)")]
+    NoCommunicator {
+        /// The group's key.
+        key: u64,
+    },
 }

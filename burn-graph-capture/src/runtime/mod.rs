@@ -68,7 +68,7 @@ pub use client::{
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};
 pub use environment::{ToolkitPaths, check_environment, resolve_toolkit};
-pub use error::{CaptureError, InitError};
+pub use error::{CaptureError, InitError, NcclFailure, NcclMissing};
 pub use graph_pool::capture_stream;
 pub use server::{CollectiveOperand, CudaGraphServer};
 pub use source_kernel::SourceKernel;

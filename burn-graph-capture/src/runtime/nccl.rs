@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use cudarc::nccl::{result, sys};
 
-use super::error::CaptureError;
+use super::error::{CaptureError, NcclFailure, NcclMissing};
 
 /// The oldest NCCL whose collectives can be captured into graphs and average (`ncclAvg`).
 const OLDEST: i32 = 2_10_00;
@@ -29,17 +29,13 @@ const OLDEST: i32 = 2_10_00;
 pub fn available() -> Result<i32, CaptureError> {
     // SAFETY: only tries to open the library (and closes it).
     if !unsafe { sys::is_culib_present() } {
-        return Err(CaptureError::NcclUnavailable(
-            "libnccl.so was not found on the library path (pip's nvidia-nccl ships only \
-             libnccl.so.2: link libnccl.so to it in a directory of LD_LIBRARY_PATH)"
-                .into(),
-        ));
+        return Err(CaptureError::NcclUnavailable(NcclMissing::NotFound));
     }
     let version = result::get_nccl_version().map_err(|err| nccl_err("ncclGetVersion", err))?;
     if version < OLDEST {
-        return Err(CaptureError::NcclUnavailable(format!(
-            "NCCL {version} is older than 2.10 (graph capture and averaging)"
-        )));
+        return Err(CaptureError::NcclUnavailable(NcclMissing::TooOld {
+            version,
+        }));
     }
     Ok(version)
 }
@@ -101,7 +97,7 @@ impl Communicator {
         if id.len() != raw.internal.len() {
             return Err(CaptureError::Nccl {
                 call: "ncclCommInitRank",
-                detail: format!("a unique id of {} bytes, not 128", id.len()),
+                failure: NcclFailure::IdLength { len: id.len() },
             });
         }
         for (to, from) in raw.internal.iter_mut().zip(id) {
@@ -153,10 +149,10 @@ impl Communicator {
         let _calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         let comm = self.raw.load(Ordering::Acquire);
         if comm.is_null() {
-            let detail = self.closed().unwrap_or_else(|| "closed".into());
+            let reason = self.closed().unwrap_or_else(|| "closed".into());
             return Err(CaptureError::Nccl {
                 call: "queue",
-                detail,
+                failure: NcclFailure::Gone { reason },
             });
         }
         if let CollectiveOp::Broadcast { root } = op
@@ -164,7 +160,10 @@ impl Communicator {
         {
             return Err(CaptureError::Nccl {
                 call: "ncclBroadcast",
-                detail: format!("root {root} of {} ranks", self.world),
+                failure: NcclFailure::RootOutOfRange {
+                    root,
+                    world: self.world,
+                },
             });
         }
         result::group_start().map_err(|err| nccl_err("ncclGroupStart", err))?;
@@ -262,6 +261,29 @@ unsafe fn queue_one(
 fn nccl_err(call: &'static str, err: result::NcclError) -> CaptureError {
     CaptureError::Nccl {
         call,
-        detail: format!("{:?}", err.0),
+        failure: NcclFailure::Status(err.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without `libnccl.so` (as on CI) making an id is the typed `NotFound`; with it, an
+    /// id of NCCL's size or the typed `TooOld`.
+    #[test]
+    fn a_missing_nccl_is_a_typed_error() {
+        // SAFETY: only tries to open the library (and closes it).
+        let present = unsafe { sys::is_culib_present() };
+        match unique_id() {
+            Err(CaptureError::NcclUnavailable(NcclMissing::NotFound)) => assert!(!present),
+            Err(CaptureError::NcclUnavailable(NcclMissing::TooOld { .. })) | Ok(_) => {
+                assert!(present)
+            }
+            Err(other) => panic!("{other}"),
+        }
+        if let Ok(id) = unique_id() {
+            assert_eq!(id.len(), 128);
+        }
     }
 }

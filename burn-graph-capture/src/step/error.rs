@@ -1,14 +1,18 @@
 //! Errors for bad input to a step. The trainer stays usable after each of them, except
 //! [`StepError::DataParallel`]: a failed group ends data-parallel training.
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::backend::TensorKind;
 use crate::parallel::DistError;
 
-/// A step that was refused before it changed anything.
-#[derive(Clone, Debug, PartialEq, Eq, Error)]
+/// A step that was refused before it changed anything. Serializable, so that the ranks
+/// of a data-parallel group can tell each other why they refused a step.
+#[derive(Clone, Debug, PartialEq, Error, Serialize, Deserialize)]
 pub enum StepError {
-    /// A batch tensor lives on another device than the model.
+    /// A batch tensor lives on another device than the model. The devices are kept as
+    /// the backend prints them (this error is not generic over the backend).
     #[error("batch tensor {index} is on {found}, the model is on {expected}")]
     WrongDevice {
         /// Position of the tensor in the batch.
@@ -20,7 +24,7 @@ pub enum StepError {
     },
     /// The batch has no tensors, or a tensor with no elements.
     #[error("empty batch: {0}")]
-    EmptyBatch(String),
+    EmptyBatch(EmptyBatch),
     /// The step closure returned a loss with more than one element.
     #[error("the step closure must return a scalar loss, got shape {shape:?}")]
     NonScalarLoss {
@@ -47,12 +51,13 @@ pub enum StepError {
     ModelTakenOut,
     /// Data-parallel training: another rank refused this step (bad input there), so no
     /// rank ran it. Every rank stays usable.
-    #[error("rank {rank} refused this step: {detail}")]
+    #[error("rank {rank} refused this step")]
     PeerRefused {
         /// The lowest refusing rank.
         rank: usize,
         /// Its error.
-        detail: String,
+        #[source]
+        error: Box<StepError>,
     },
     /// Data-parallel training failed: a rank was lost, left, stayed away past the
     /// timeout, or failed inside a step; or the group was aborted. Every later step
@@ -60,4 +65,22 @@ pub enum StepError {
     /// cut short): resume from a checkpoint, with a new group.
     #[error("data-parallel training failed: {0}")]
     DataParallel(#[from] DistError),
+}
+
+/// What is empty about an empty batch.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum EmptyBatch {
+    /// The batch lists no tensors.
+    #[error("the batch has no tensors")]
+    NoTensors,
+    /// A tensor of the batch has no elements.
+    #[error("{kind} tensor {index} has shape {shape:?}")]
+    EmptyTensor {
+        /// Its kind.
+        kind: TensorKind,
+        /// Its position in the batch.
+        index: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
 }

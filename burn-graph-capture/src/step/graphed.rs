@@ -34,6 +34,7 @@ use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
     Holder, TrainBackend,
 };
+use crate::cause::Cause;
 use crate::optim::CapturableOptimizer;
 use burn::tensor::DType;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
@@ -475,7 +476,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     ) -> Result<Recorded<G, T>, Fallback> {
         let own = match &recorded {
             Ok(_) => CaptureOutcome::Ready,
-            Err(Fallback::Refused(error)) => CaptureOutcome::Failed(error.to_string()),
+            Err(Fallback::Refused(error)) => CaptureOutcome::Failed(Cause::new(error.clone())),
             Err(Fallback::Eager { reason, .. }) => CaptureOutcome::Fallback(reason.clone()),
         };
         let verdict = rank.agree_launch(&own).map_err(Fallback::Refused)?;

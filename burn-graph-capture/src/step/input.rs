@@ -12,7 +12,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Bool, DType, Int, Shape, Tensor, TensorPrimitive};
 
-use super::error::StepError;
+use super::error::{EmptyBatch, StepError};
 use crate::backend::{AnyTensor, GraphBackend};
 
 /// A batch that a [`GraphTrainer`](super::GraphTrainer) can check, key graphs by and
@@ -192,18 +192,18 @@ pub(crate) fn check_batch<G: GraphBackend>(
     host: u64,
 ) -> Result<InputKey, StepError> {
     if tensors.is_empty() {
-        return Err(StepError::EmptyBatch("the batch has no tensors".into()));
+        return Err(StepError::EmptyBatch(EmptyBatch::NoTensors));
     }
     check_devices(device, tensors.iter().map(AnyTensor::device))?;
     let mut key = Vec::with_capacity(tensors.len());
     for (index, tensor) in tensors.iter().enumerate() {
         let shape = tensor.shape();
         if shape.num_elements() == 0 {
-            return Err(StepError::EmptyBatch(format!(
-                "{} tensor {index} has shape {:?}",
-                tensor.kind(),
-                shape.as_slice()
-            )));
+            return Err(StepError::EmptyBatch(EmptyBatch::EmptyTensor {
+                kind: tensor.kind(),
+                index,
+                shape: shape.as_slice().to_vec(),
+            }));
         }
         key.push((shape, tensor.dtype()));
     }

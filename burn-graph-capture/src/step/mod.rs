@@ -24,7 +24,7 @@ mod trainer;
 mod views;
 
 pub use config::GraphTrainerConfig;
-pub use error::StepError;
+pub use error::{EmptyBatch, StepError};
 pub use input::{InputKey, StepInput, hash_key_value};
 pub use mode::{FallbackReason, StepChange, StepMode};
 pub use output::StepOutput;

@@ -260,6 +260,17 @@ impl FallbackReason {
     }
 }
 
+/// A reason is an error where a data-parallel rank fails its group with it. Its words
+/// already say the graph error's own, so its source is what lies under that.
+impl std::error::Error for FallbackReason {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FallbackReason::Graph(error) => std::error::Error::source(error),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

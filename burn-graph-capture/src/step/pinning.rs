@@ -16,7 +16,7 @@ use burn_backend::tensor::FloatTensor;
 use super::learner::{Learner, retie};
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, BufferId, CopyMismatch, GraphBackend, GraphError,
-    TrainBackend,
+    TensorKind, TrainBackend,
 };
 use crate::optim::{CapturableOptimizer, StateSlot};
 
@@ -330,7 +330,7 @@ impl<G: GraphBackend> Pins<G> {
 fn pin_float<G: GraphBackend>(tensor: FloatTensor<G>) -> Result<FloatTensor<G>, GraphError> {
     G::pin(AnyTensor::Float(tensor))?
         .into_float()
-        .ok_or_else(|| CopyMismatch::PinChangedKind("float".into()).into())
+        .ok_or_else(|| CopyMismatch::PinChangedKind(TensorKind::Float).into())
 }
 
 /// Copies `src` into the pinned `dst`, unless `src` already is that buffer (the

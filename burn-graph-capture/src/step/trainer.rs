@@ -28,7 +28,7 @@ use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, Recording, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
-use crate::parallel::{Collectives, DistError, RankMember};
+use crate::parallel::{Collectives, Disagreement, DistError, RankMember};
 
 /// The result of one step; `T` is the step closure's item (its loss, for a closure that
 /// returns one).
@@ -200,9 +200,7 @@ where
             return Err(misfit.clone());
         }
         if let Some(other) = fits.iter().position(|fits| !fits) {
-            let error = DistError::Mismatch(format!(
-                "rank {other}'s optimizer state does not fit its model"
-            ));
+            let error = DistError::Mismatch(Disagreement::OptimizerState { rank: other });
             return Err(StepError::DataParallel(member.fail(error)));
         }
         let mut broadcast = Ok(());
@@ -309,7 +307,7 @@ where
         let (key, inputs, mut plan) = match planned {
             Ok(planned) => planned,
             Err(error) => {
-                rank.agree(&Proposal::Refuse(error.to_string()))?;
+                rank.agree(&Proposal::Refuse(Box::new(error.clone())))?;
                 return Err(error);
             }
         };
@@ -319,7 +317,7 @@ where
             plan = match self.absorb(fallback, &key) {
                 Ok(reason) => Plan::Eager(reason),
                 Err(error) => {
-                    rank.agree(&Proposal::Refuse(error.to_string()))?;
+                    rank.agree(&Proposal::Refuse(Box::new(error.clone())))?;
                     return Err(error);
                 }
             };
@@ -617,6 +615,11 @@ where
 /// A trainer's graphs, and apart from them the rest of it that a step borrows.
 type Parts<'a, G, M, O, F, T> = (&'a mut Graphs<G, T>, StepContext<'a, G, M, O, F>);
 
+/// What a rank that panicked inside a step tells its peers.
+#[derive(Debug, thiserror::Error)]
+#[error("the step panicked")]
+struct StepPanicked;
+
 /// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
 /// step, after which the peers would wait in its collectives).
 struct FailOnUnwind<B: Backend>(Rank<B>);
@@ -624,7 +627,7 @@ struct FailOnUnwind<B: Backend>(Rank<B>);
 impl<B: Backend> Drop for FailOnUnwind<B> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.fail("the step panicked");
+            self.0.fail(StepPanicked);
         }
     }
 }

@@ -2,7 +2,9 @@
 
 use burn::backend::Flex;
 use burn::prelude::*;
+use burn_graph_capture::backend::TensorKind;
 use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::step::EmptyBatch;
 use burn_graph_capture::{
     AnyTensor, FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepInput, StepMode,
 };
@@ -52,7 +54,7 @@ fn nested(task: u8) -> Nested<B> {
     }
 }
 
-fn describe(tensors: &[AnyTensor<Inner>]) -> Vec<(&'static str, Vec<usize>)> {
+fn describe(tensors: &[AnyTensor<Inner>]) -> Vec<(TensorKind, Vec<usize>)> {
     tensors
         .iter()
         .map(|t| (t.kind(), t.shape().as_slice().to_vec()))
@@ -66,11 +68,11 @@ fn the_derive_lists_every_field_in_declaration_order_nested_ones_included() {
     assert_eq!(
         describe(&tensors),
         [
-            ("float", vec![2]),
-            ("int", vec![1, 3]),
-            ("bool", vec![1, 3]),
-            ("int", vec![1]),
-            ("float", vec![2, 2]),
+            (TensorKind::Float, vec![2]),
+            (TensorKind::Int, vec![1, 3]),
+            (TensorKind::Bool, vec![1, 3]),
+            (TensorKind::Int, vec![1]),
+            (TensorKind::Float, vec![2, 2]),
         ]
     );
     assert_eq!(
@@ -209,7 +211,15 @@ fn an_empty_int_tensor_is_refused_by_kind_and_position() {
     let error = trainer.step(empty).unwrap_err();
     assert_eq!(
         error,
-        StepError::EmptyBatch("int tensor 1 has shape [1, 0]".into())
+        StepError::EmptyBatch(EmptyBatch::EmptyTensor {
+            kind: TensorKind::Int,
+            index: 1,
+            shape: vec![1, 0]
+        })
+    );
+    assert_eq!(
+        error.to_string(),
+        "empty batch: int tensor 1 has shape [1, 0]"
     );
     assert_eq!(trainer.report().steps, 0, "nothing ran");
     let mut task = TokenTask::new(2, 12);

@@ -13,6 +13,7 @@ use cubecl_core::server::{CommunicationId, ReduceOperation, ServerCommunication}
 
 use super::graphs::capture_server_err;
 use super::*;
+use crate::runtime::error::NcclFailure;
 use crate::runtime::nccl::{self, CollectiveOp, Communicator, Transfer};
 
 /// One buffer of a queued group: read `src`, write `dst`, `count` fp32 values.
@@ -96,14 +97,10 @@ impl CudaGraphServer {
             });
             return Ok(());
         }
-        let comm = self
-            .comms
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| CaptureError::Nccl {
-                call: "queue",
-                detail: format!("no communicator {key} on this device (the rank did not join)"),
-            })?;
+        let comm = self.comms.get(&key).cloned().ok_or(CaptureError::Nccl {
+            call: "queue",
+            failure: NcclFailure::NoCommunicator { key },
+        })?;
         let stream = &mut self.stream;
         if stream.window.is_broken() {
             return Ok(());

@@ -21,7 +21,7 @@ pub(crate) enum Proposal {
     /// Run eagerly, for this reason (warmup and verifying steps included).
     Eager(FallbackReason),
     /// Refuse the step (bad input): nothing runs on any rank.
-    Refuse(String),
+    Refuse(Box<StepError>),
 }
 
 /// What a rank does, given every rank's proposal.
@@ -48,7 +48,7 @@ pub(crate) enum Verdict {
 /// - Otherwise (all capture, or all replay): proceed.
 pub(crate) fn decide(rank: usize, proposals: &[Proposal]) -> Verdict {
     let own = &proposals[rank];
-    if let Some((by, Proposal::Refuse(detail))) =
+    if let Some((by, Proposal::Refuse(error))) =
         first(proposals, |p| matches!(p, Proposal::Refuse(_)))
     {
         if by == rank {
@@ -56,7 +56,7 @@ pub(crate) fn decide(rank: usize, proposals: &[Proposal]) -> Verdict {
         }
         return Verdict::Refuse(StepError::PeerRefused {
             rank: by,
-            detail: detail.clone(),
+            error: error.clone(),
         });
     }
     if let Some((by, Proposal::Eager(reason))) =
@@ -113,6 +113,8 @@ fn first(proposals: &[Proposal], pick: impl Fn(&Proposal) -> bool) -> Option<(us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::TensorKind;
+    use crate::step::error::EmptyBatch;
 
     fn eager(reason: FallbackReason) -> Proposal {
         Proposal::Eager(reason)
@@ -166,7 +168,7 @@ mod tests {
         let proposals = [
             Proposal::Replay,
             eager(FallbackReason::Warmup),
-            Proposal::Refuse("empty batch".into()),
+            Proposal::Refuse(Box::new(StepError::EmptyBatch(EmptyBatch::NoTensors))),
         ];
         assert_eq!(decide(2, &proposals), Verdict::Proceed);
         for rank in 0..2 {
@@ -174,10 +176,34 @@ mod tests {
                 decide(rank, &proposals),
                 Verdict::Refuse(StepError::PeerRefused {
                     rank: 2,
-                    detail: "empty batch".into()
+                    error: Box::new(StepError::EmptyBatch(EmptyBatch::NoTensors))
                 })
             );
         }
+    }
+
+    /// A refusal crosses to the other ranks (as JSON, maybe to another process) as the
+    /// refusing rank's own error, which the others' `PeerRefused` keeps as its source.
+    #[test]
+    fn a_peer_refusal_arrives_typed_and_is_the_source() {
+        use std::error::Error as _;
+
+        let refused = StepError::EmptyBatch(EmptyBatch::EmptyTensor {
+            kind: TensorKind::Float,
+            index: 0,
+            shape: vec![0, 3],
+        });
+        let proposal = Proposal::Refuse(Box::new(refused.clone()));
+        let crossed: Proposal = serde_json::from_slice(&serde_json::to_vec(&proposal).unwrap())
+            .expect("a proposal reads back");
+        let Verdict::Refuse(error) = decide(0, &[Proposal::Capture, crossed]) else {
+            panic!("rank 1's refusal refuses the step");
+        };
+        assert!(matches!(&error, StepError::PeerRefused { rank: 1, error } if **error == refused));
+        assert_eq!(
+            error.source().map(ToString::to_string),
+            Some("empty batch: float tensor 0 has shape [0, 3]".to_string())
+        );
     }
 
     #[test]

@@ -16,8 +16,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::ranks::Rank;
 use crate::backend::GraphBackend;
+use crate::cause::Cause;
 use crate::optim::CapturableOptimizer;
-use crate::parallel::{Collectives, DistError, RankLink};
+use crate::parallel::{Collectives, Disagreement, DistError, RankLink};
 use crate::step::error::StepError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -164,21 +165,26 @@ where
     let all = member
         .all_gather(payload)
         .map_err(StepError::DataParallel)?;
-    let parsed: Result<Vec<Vec<ParamShape>>, _> = all
+    let fail = |how| StepError::DataParallel(member.fail(DistError::Mismatch(how)));
+    let all = all
         .iter()
-        .map(|bytes| serde_json::from_slice(bytes))
-        .collect();
-    let fail = |detail: String| StepError::DataParallel(member.fail(DistError::Mismatch(detail)));
-    let all = parsed.map_err(|err| fail(format!("a rank's parameter list: {err}")))?;
+        .enumerate()
+        .map(|(rank, bytes)| {
+            serde_json::from_slice::<Vec<ParamShape>>(bytes).map_err(|err| {
+                fail(Disagreement::UnreadableParameters {
+                    rank,
+                    cause: Cause::new(err),
+                })
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let shapes =
         |params: &[(u64, Vec<usize>)]| params.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>();
-    if let Some(other) = all
+    if let Some(rank) = all
         .iter()
         .position(|theirs| shapes(theirs) != shapes(&all[0]))
     {
-        return Err(fail(format!(
-            "rank {other} trains parameters of other shapes (or in another order) than rank 0"
-        )));
+        return Err(fail(Disagreement::ParameterShapes { rank }));
     }
     let ids = all[0]
         .iter()

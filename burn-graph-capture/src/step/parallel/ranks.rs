@@ -11,12 +11,18 @@ use burn_backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::agreement::{self, Proposal, Verdict};
+use crate::cause::Cause;
 use crate::parallel::{Collectives, DistError, RankLink, RankMember};
+use crate::step::error::StepError;
+use crate::step::mode::FallbackReason;
 
 /// `Collectives::all_reduce_mean` of a backend.
 type GroupAverage<B> = fn(Vec<FloatTensor<B>>, &RankLink) -> Result<Vec<FloatTensor<B>>, DistError>;
-use crate::step::error::StepError;
-use crate::step::mode::FallbackReason;
+
+/// A peer's message this rank could not read (a peer of another version?).
+#[derive(Debug, thiserror::Error)]
+#[error("a peer's message could not be read")]
+struct UnreadableMessage(#[source] serde_json::Error);
 
 /// How a rank's capture came out, as its peers learn it before launching.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -26,7 +32,7 @@ pub(crate) enum CaptureOutcome {
     /// It falls back, for this reason.
     Fallback(FallbackReason),
     /// It failed (its step errored while recorded): the group fails.
-    Failed(String),
+    Failed(Cause),
 }
 
 /// A trainer's membership of a data-parallel group (shared by the parts of a step),
@@ -76,10 +82,10 @@ impl<B: Backend> Rank<B> {
     }
 
     /// Fails the group: this rank could not finish a step its peers may be inside.
-    pub(crate) fn fail(&self, detail: impl std::fmt::Display) -> StepError {
+    pub(crate) fn fail(&self, error: impl std::error::Error + Send + Sync + 'static) -> StepError {
         StepError::DataParallel(self.member.fail(DistError::RankFailed {
             rank: self.member.rank(),
-            detail: detail.to_string(),
+            cause: Cause::new(error),
         }))
     }
 
@@ -97,14 +103,14 @@ impl<B: Backend> Rank<B> {
         own: &CaptureOutcome,
     ) -> Result<Option<FallbackReason>, StepError> {
         let all: Vec<CaptureOutcome> = self.exchange(own)?;
-        if let Some((rank, CaptureOutcome::Failed(detail))) = all
+        if let Some((rank, CaptureOutcome::Failed(cause))) = all
             .iter()
             .enumerate()
             .find(|(_, r)| matches!(r, CaptureOutcome::Failed(_)))
         {
             let error = DistError::RankFailed {
                 rank,
-                detail: detail.clone(),
+                cause: cause.clone(),
             };
             return Err(StepError::DataParallel(self.member.fail(error)));
         }
@@ -131,6 +137,6 @@ impl<B: Backend> Rank<B> {
         all.iter()
             .map(|bytes| serde_json::from_slice(bytes))
             .collect::<Result<_, _>>()
-            .map_err(|err| self.fail(format!("a peer's proposal: {err}")))
+            .map_err(|err| self.fail(UnreadableMessage(err)))
     }
 }
