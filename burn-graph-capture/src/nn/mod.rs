@@ -7,6 +7,7 @@ mod gates;
 pub mod gru;
 pub mod lstm;
 mod sequence;
+mod stacking;
 mod strategy;
 
 pub use gru::{
@@ -15,6 +16,7 @@ pub use gru::{
 pub use lstm::{
     FusedLstm, FusedLstmConfig, FusedLstmLayer, LstmBackend, LstmConversionError, LstmKernels,
 };
+pub use stacking::StackMismatch;
 pub use strategy::{
     Cell, Direction, PersistentGrid, Recurrence, RecurrencePreference, RecurrenceShape,
     choose as choose_recurrence, persistent_launches, recurrence_preference,

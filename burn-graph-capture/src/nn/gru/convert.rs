@@ -7,6 +7,7 @@ use burn::nn::{GateController, Gru, GruConfig, GruRecord};
 use burn::tensor::backend::Backend;
 
 use crate::nn::gates::{pack, unpack_bias, unpack_weight};
+use crate::nn::stacking::{LayerShape, StackMismatch, first_mismatch};
 
 /// Gates the packed tensors hold.
 const GATES: usize = 3;
@@ -23,12 +24,13 @@ pub enum GruConversionError {
     #[error("a FusedGru needs at least one layer")]
     NoLayers,
     /// Stacked layers must share the hidden size and feed each other.
-    #[error("layer {layer} does not stack on the one before it: {what}")]
+    #[error("layer {layer} does not stack on the one before it: {mismatch}")]
     Stacking {
         /// The offending layer's index.
         layer: usize,
         /// What differs.
-        what: String,
+        #[source]
+        mismatch: StackMismatch,
     },
 }
 
@@ -92,28 +94,17 @@ impl<B: Backend> FusedGru<B> {
     /// A stack of `nn::Gru`s as one module: each layer's output feeds the next.
     pub fn from_grus(layers: &[Gru<B>]) -> Result<Self, GruConversionError> {
         let first = layers.first().ok_or(GruConversionError::NoLayers)?;
-        for (index, pair) in layers.windows(2).enumerate() {
-            let [below, above] = pair else { unreachable!() };
-            let [d_input, _] = above.update_gate.input_transform.weight.dims();
-            let what = if above.d_hidden != first.d_hidden {
-                Some(format!(
-                    "hidden size {} instead of {}",
-                    above.d_hidden, first.d_hidden
-                ))
-            } else if d_input != below.d_hidden {
-                Some(format!(
-                    "takes {d_input} inputs, the layer below outputs {}",
-                    below.d_hidden
-                ))
-            } else {
-                None
-            };
-            if let Some(what) = what {
-                return Err(GruConversionError::Stacking {
-                    layer: index + 1,
-                    what,
-                });
-            }
+        let shapes: Vec<LayerShape> = layers
+            .iter()
+            .map(|layer| LayerShape {
+                d_input: layer.update_gate.input_transform.weight.dims()[0],
+                d_hidden: layer.d_hidden,
+                // `nn::Gru` has one layout.
+                batch_first: true,
+            })
+            .collect();
+        if let Some((layer, mismatch)) = first_mismatch(&shapes) {
+            return Err(GruConversionError::Stacking { layer, mismatch });
         }
         Ok(Self {
             layers: layers

@@ -7,6 +7,7 @@ use burn::nn::{Lstm, LstmConfig, LstmRecord};
 use burn::tensor::backend::Backend;
 
 use crate::nn::gates::{pack, unpack_bias, unpack_weight};
+use crate::nn::stacking::{LayerShape, StackMismatch, first_mismatch};
 
 /// Gates the packed tensors hold.
 const GATES: usize = 4;
@@ -23,12 +24,13 @@ pub enum LstmConversionError {
     #[error("a FusedLstm needs at least one layer")]
     NoLayers,
     /// Stacked layers must share hidden size and layout, and feed each other.
-    #[error("layer {layer} does not stack on the one before it: {what}")]
+    #[error("layer {layer} does not stack on the one before it: {mismatch}")]
     Stacking {
         /// The offending layer's index.
         layer: usize,
         /// What differs.
-        what: String,
+        #[source]
+        mismatch: StackMismatch,
     },
 }
 
@@ -109,30 +111,16 @@ impl<B: Backend> FusedLstm<B> {
     /// A stack of `nn::Lstm`s as one module: each layer's output feeds the next.
     pub fn from_lstms(layers: &[Lstm<B>]) -> Result<Self, LstmConversionError> {
         let first = layers.first().ok_or(LstmConversionError::NoLayers)?;
-        for (index, pair) in layers.windows(2).enumerate() {
-            let [below, above] = pair else { unreachable!() };
-            let [d_input, _] = above.input_gate.input_transform.weight.dims();
-            let what = if above.d_hidden != first.d_hidden {
-                Some(format!(
-                    "hidden size {} instead of {}",
-                    above.d_hidden, first.d_hidden
-                ))
-            } else if above.batch_first != first.batch_first {
-                Some("batch_first differs".to_owned())
-            } else if d_input != below.d_hidden {
-                Some(format!(
-                    "takes {d_input} inputs, the layer below outputs {}",
-                    below.d_hidden
-                ))
-            } else {
-                None
-            };
-            if let Some(what) = what {
-                return Err(LstmConversionError::Stacking {
-                    layer: index + 1,
-                    what,
-                });
-            }
+        let shapes: Vec<LayerShape> = layers
+            .iter()
+            .map(|layer| LayerShape {
+                d_input: layer.input_gate.input_transform.weight.dims()[0],
+                d_hidden: layer.d_hidden,
+                batch_first: layer.batch_first,
+            })
+            .collect();
+        if let Some((layer, mismatch)) = first_mismatch(&shapes) {
+            return Err(LstmConversionError::Stacking { layer, mismatch });
         }
         Ok(Self {
             layers: layers
