@@ -68,7 +68,7 @@ fn list() {
             "{default} {:<20} {:<20} {:<8} {:<20} {:<22} {}",
             b.name,
             b.package.name,
-            format!("{:?}", b.kind).to_lowercase(),
+            b.kind.name(),
             b.target,
             b.features.join(","),
             b.filter.unwrap_or("")

@@ -191,7 +191,8 @@ fn builds(
             cmd.arg("--features").arg(features.join(","));
         }
         for binary in &list {
-            cmd.arg(binary.kind.cargo_flag()).arg(binary.target);
+            cmd.arg(format!("--{}", binary.kind.name()))
+                .arg(binary.target);
         }
         cmd.arg("--message-format").arg("json-render-diagnostics");
         others.push((cmd, list));
