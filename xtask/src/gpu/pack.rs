@@ -217,7 +217,7 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
             .map(|b| b.name.to_string())
             .collect()
     } else if !args.stages.is_empty() {
-        let defaults = default_stage_options();
+        let defaults = StageOptions::parse(&[]);
         args.stages
             .iter()
             .flat_map(|s| s.binaries(&defaults))
@@ -334,17 +334,6 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     fs::write(&xtask_dest, xtask).map_err(io(&xtask_dest))?;
     set_executable(&xtask_dest)?;
     check_size(&root, &dest)
-}
-
-/// The stage options when none are given (what `pack --stages` packs for).
-fn default_stage_options() -> StageOptions {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        opts: StageOptions,
-    }
-    Defaults::parse_from(["pack"]).opts
 }
 
 fn on_path(program: &str) -> Option<PathBuf> {

@@ -834,7 +834,7 @@ impl Exec<'_> {
         };
         let logs = &self.layout.logs;
         match &step.report {
-            Report::Exit | Report::Speed | Report::Torch => {}
+            Report::Exit => {}
             Report::JUnit(path) => {
                 let _ = fs::copy(path, logs.join(format!("{}-junit.xml", step.label)));
                 result.junit = Some(
