@@ -905,3 +905,112 @@ fn signal_group(child: &Child, signal: libc::c_int) {
 fn path_string(path: &Path) -> String {
     path.display().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dir: &Path) -> Layout {
+        Layout {
+            repo: dir.into(),
+            work: dir.into(),
+            logs: dir.join("logs"),
+            gpus: 1,
+            test_binaries: Default::default(),
+        }
+    }
+
+    /// `sh -c SCRIPT` as a step of its own.
+    fn sh(label: &str, script: &str, timeout_s: u64) -> Step {
+        Step {
+            stage: Stage::Smoke,
+            label: label.into(),
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![("STEP".into(), label.into())],
+            dir: Dir::Shared,
+            timeout_s,
+            log: format!("{label}.log"),
+            append: false,
+            report: Report::Exit,
+        }
+    }
+
+    #[test]
+    fn lanes_run_side_by_side_and_report_in_the_plans_order() {
+        let dir = std::env::temp_dir().join(format!("xtask-gpu-lanes-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let layout = layout(&dir);
+        fs::create_dir_all(&layout.logs).unwrap();
+        fs::create_dir_all(layout.shared()).unwrap();
+        let now = Instant::now();
+        let exec = Exec {
+            started: now,
+            layout: &layout,
+            env: &[("RUN".into(), "1".into())],
+            cache: &dir.join("cache"),
+            deadline: now + Duration::from_secs(100),
+            timeout: None,
+            autotune_log: false,
+        };
+        // Lane 1: two steps at once, then one past its limit (its group stopped with
+        // it: SIGTERM reaches the sleep); lane 2 beside them.
+        let lane1 = VecDeque::from([
+            vec![sh("a", "exit 0", 60), sh("b", "exit 3", 60)],
+            vec![sh("c", "sleep 30 & wait", 1)],
+        ]);
+        let lane2 = VecDeque::from([vec![sh("d", "echo $STEP $RUN", 60)]]);
+        let results = exec.lanes(vec![lane1, lane2]);
+        let labels: Vec<&str> = results.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["a", "b", "c", "d"]);
+        let outcomes: Vec<&Outcome> = results.iter().map(|r| &r.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                &Outcome::Passed,
+                &Outcome::Failed("exit status: 3".into()),
+                &Outcome::TimedOut(1),
+                &Outcome::Passed
+            ]
+        );
+        assert!(results[2].seconds < 10.0, "stopped at its limit");
+        let log = fs::read_to_string(layout.logs.join("d.log")).unwrap();
+        assert!(
+            log.starts_with("==== d (limit 60 s): STEP=d sh -c"),
+            "{log}"
+        );
+        assert!(log.ends_with("d 1\n"), "{log}");
+
+        // Too close to the deadline, nothing starts.
+        let exec = Exec {
+            deadline: Instant::now() + Duration::from_secs(RESERVE_S + 5),
+            ..exec
+        };
+        let results = exec.lanes(vec![VecDeque::from([vec![sh("e", "exit 0", 60)]])]);
+        assert!(matches!(&results[0].outcome, Outcome::NotRun(_)));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stage run twice: its second steps get their own labels, logs, workspaces and
+    /// JUnit files.
+    #[test]
+    fn a_stage_run_twice_gets_labels_of_its_own() {
+        let layout = layout(Path::new("/w"));
+        let opts = StageOptions::parse(&[]);
+        let mut lanes = vec![VecDeque::new()];
+        for _ in 0..2 {
+            lanes[0].extend(stages::plan(Stage::Smoke, &opts, &layout).unwrap());
+        }
+        unique_labels(&mut lanes);
+        let second = &lanes[0][1][0];
+        assert_eq!(second.label, "smoke-2");
+        assert_eq!(second.log, "smoke-2.log");
+        assert_eq!(second.dir, Dir::Nextest("/w/nextest/smoke-2".into()));
+        assert_eq!(
+            second.report,
+            Report::JUnit("/w/nextest/smoke-2/target/nextest/gpu/junit.xml".into())
+        );
+        assert!(second.args.contains(&"/w/nextest/smoke-2".to_string()));
+        assert_eq!(lanes[0][0][0].label, "smoke");
+    }
+}
