@@ -26,7 +26,7 @@ use cargo_metadata::Message;
 use super::binaries::{self, Binary, DEFAULT_PACK, Kind};
 use super::stages::{Stage, StageOptions};
 use super::summary::mib;
-use super::{CACHE, MANIFEST, PAYLOAD};
+use super::{CACHE, MANIFEST, PAYLOAD, io};
 
 #[derive(clap::Args, Debug)]
 pub struct PackArgs {
@@ -499,11 +499,6 @@ pub(super) fn write_payload(
     std::io::Write::flush(&mut writer).map_err(io(&partial))?;
     drop(writer);
     fs::rename(&partial, payload).map_err(io(payload))
-}
-
-/// Names the file an I/O error concerns.
-fn io(what: &Path) -> impl Fn(std::io::Error) -> String + '_ {
-    move |e| format!("{}: {e}", what.display())
 }
 
 /// Bytes the device tool carries of the working tree: tracked files and untracked ones
