@@ -557,19 +557,7 @@ fn tables(logs: &Path) -> Vec<String> {
             continue;
         };
         if name.starts_with("speed") && name.ends_with(".log") {
-            // One table per process (size): the rows under their headers.
-            let mut rows = Vec::new();
-            let mut rest = text.as_str();
-            while let Some(table) = summary::speed_table(rest) {
-                let start = rest.find("| b/t/h").unwrap_or(0);
-                rest = &rest[start + table.len()..];
-                let mut lines = table.lines();
-                let head: Vec<&str> = lines.by_ref().take(2).collect();
-                if rows.is_empty() {
-                    rows.extend(head.iter().map(|l| l.to_string()));
-                }
-                rows.extend(lines.map(String::from));
-            }
+            let rows = summary::speed_rows(&text);
             if !rows.is_empty() {
                 blocks.push(format!("### {name}\n\n{}", rows.join("\n")));
             }
