@@ -251,11 +251,6 @@ pub fn sanitizer_summary(log: &str) -> Option<String> {
         .map(|l| l.trim_start_matches("========= ").trim().to_string())
 }
 
-/// Sizes with binary units (for `gpu pack`'s size table).
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
