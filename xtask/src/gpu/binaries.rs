@@ -124,9 +124,8 @@ pub const BINARIES: &[Binary] = &[
     target("charlm", EXAMPLES, Kind::Bin, CUDA),
 ];
 
-/// What `gpu pack` packs when given no list: the binaries of the stages the last
-/// sessions' calls ran (smoke, tests, memcheck, racecheck, perf, examples with `lstm`,
-/// fuzz and reliability).
+/// What `gpu pack` packs when given no list: what smoke, tests, memcheck, racecheck,
+/// perf, examples with `lstm`, fuzz and reliability run.
 pub const DEFAULT_PACK: &[&str] = &[
     "gpu_runtime",
     "gpu_capture",

@@ -363,8 +363,7 @@ fn write_cubecl_toml(dir: &Path, cache: &Path, autotune_log: bool) -> Result<(),
 
 /// The environment of every step: CUDA's tools and libraries, NCCL as `libnccl.so`
 /// (cudarc opens that name; PyTorch's wheel ships `libnccl.so.2` only), NVLink
-/// multicast off, and this runtime's caches beside CubeCL's. Parity tests keep their
-/// children's autotune results in the run's cache, so each shape is tuned once.
+/// multicast off, and this runtime's caches in the run's.
 fn environment(work: &Path, cache: &Path) -> Vec<(String, String)> {
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let cuda = std::env::var("CUDA_PATH").unwrap_or_else(|_| "/usr/local/cuda".into());
@@ -392,8 +391,8 @@ fn environment(work: &Path, cache: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
-/// This runtime's caches (PTX, and the autotune results parity tests' children keep)
-/// in `cache`, beside CubeCL's.
+/// This runtime's caches in `cache`, beside CubeCL's: its PTX, and the autotune results
+/// parity tests' children keep (so each shape is tuned once).
 fn cache_env(cache: &Path) -> [(String, String); 2] {
     [
         ("BURN_GRAPH_CAPTURE_KERNEL_CACHE", "ptx"),
