@@ -42,13 +42,13 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Cargo's target-selection flag for this kind.
-    pub fn cargo_flag(self) -> &'static str {
+    /// Cargo's name of the kind (`--test`, ...; nextest's `package::bench/target`).
+    pub fn name(self) -> &'static str {
         match self {
-            Kind::Test => "--test",
-            Kind::Bench => "--bench",
-            Kind::Bin => "--bin",
-            Kind::Example => "--example",
+            Kind::Test => "test",
+            Kind::Bench => "bench",
+            Kind::Bin => "bin",
+            Kind::Example => "example",
         }
     }
 }
@@ -68,123 +68,64 @@ pub struct Binary {
 
 const CUDA: &[&str] = &["cuda"];
 
+/// A whole target, named as cargo names it.
+const fn target(
+    name: &'static str,
+    package: Package,
+    kind: Kind,
+    features: &'static [&'static str],
+) -> Binary {
+    Binary {
+        name,
+        package,
+        kind,
+        target: name,
+        features,
+        filter: None,
+    }
+}
+
+/// Modules of the CPU integration-test binary whose `gpu::` tests run here.
+const fn module(name: &'static str, filter: &'static str) -> Binary {
+    Binary {
+        name,
+        package: INTEGRATION_TESTS,
+        kind: Kind::Test,
+        target: "integration",
+        features: CUDA,
+        filter: Some(filter),
+    }
+}
+
 pub const BINARIES: &[Binary] = &[
     // The runtime's own GPU suites (burn-graph-capture/tests/).
-    Binary {
-        name: "gpu_runtime",
-        package: LIBRARY,
-        kind: Kind::Test,
-        target: "gpu_runtime",
-        features: CUDA,
-        filter: None,
-    },
-    Binary {
-        name: "gpu_capture",
-        package: LIBRARY,
-        kind: Kind::Test,
-        target: "gpu_capture",
-        features: CUDA,
-        filter: None,
-    },
-    Binary {
-        name: "gpu_precision",
-        package: LIBRARY,
-        kind: Kind::Test,
-        target: "gpu_precision",
-        features: CUDA,
-        filter: None,
-    },
+    target("gpu_runtime", LIBRARY, Kind::Test, CUDA),
+    target("gpu_capture", LIBRARY, Kind::Test, CUDA),
+    target("gpu_precision", LIBRARY, Kind::Test, CUDA),
     // GraphTrainer on the GPU, with the fault-injection hooks its `faults::` tests arm.
-    Binary {
-        name: "gpu_trainer",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Test,
-        target: "gpu_trainer",
-        features: &["cuda", "fault-injection"],
-        filter: None,
-    },
-    // Modules of the CPU integration-test binary whose `gpu::` tests run here.
-    Binary {
-        name: "fuzz",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Test,
-        target: "integration",
-        features: CUDA,
-        filter: Some("fuzz::"),
-    },
-    Binary {
-        name: "threads",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Test,
-        target: "integration",
-        features: CUDA,
-        filter: Some("threads::"),
-    },
-    Binary {
-        name: "shared_embedding",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Test,
-        target: "integration",
-        features: CUDA,
-        filter: Some("shared_embedding::"),
-    },
+    target(
+        "gpu_trainer",
+        INTEGRATION_TESTS,
+        Kind::Test,
+        &["cuda", "fault-injection"],
+    ),
+    module("fuzz", "fuzz::"),
+    module("threads", "threads::"),
+    module("shared_embedding", "shared_embedding::"),
     // The speed bench (also the target of ncu and racecheck), and CubeCL's matmul
     // against cuBLAS.
-    Binary {
-        name: "gpu_graph_speed",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Bench,
-        target: "gpu_graph_speed",
-        features: CUDA,
-        filter: None,
-    },
-    Binary {
-        name: "gpu_matmul",
-        package: INTEGRATION_TESTS,
-        kind: Kind::Bench,
-        target: "gpu_matmul",
-        features: CUDA,
-        filter: None,
-    },
+    target("gpu_graph_speed", INTEGRATION_TESTS, Kind::Bench, CUDA),
+    target("gpu_matmul", INTEGRATION_TESTS, Kind::Bench, CUDA),
     // This runtime's eager step against stock burn-cuda's (issue 3).
-    Binary {
-        name: "runtime_eager_bench",
-        package: LIBRARY,
-        kind: Kind::Example,
-        target: "runtime_eager_bench",
-        features: CUDA,
-        filter: None,
-    },
+    target("runtime_eager_bench", LIBRARY, Kind::Example, CUDA),
     // The examples.
-    Binary {
-        name: "lstm",
-        package: EXAMPLES,
-        kind: Kind::Bin,
-        target: "lstm",
-        features: CUDA,
-        filter: None,
-    },
-    Binary {
-        name: "lstm-learner",
-        package: EXAMPLES,
-        kind: Kind::Bin,
-        target: "lstm-learner",
-        features: CUDA,
-        filter: None,
-    },
-    Binary {
-        name: "charlm",
-        package: EXAMPLES,
-        kind: Kind::Bin,
-        target: "charlm",
-        features: CUDA,
-        filter: None,
-    },
+    target("lstm", EXAMPLES, Kind::Bin, CUDA),
+    target("lstm-learner", EXAMPLES, Kind::Bin, CUDA),
+    target("charlm", EXAMPLES, Kind::Bin, CUDA),
 ];
 
-/// What `gpu pack` packs when given no list: the binaries of the stages the last
-/// sessions' calls ran (smoke, tests, memcheck, racecheck, perf, examples with `lstm`,
-/// fuzz and reliability).
+/// What `gpu pack` packs when given no list: what smoke, tests, memcheck, racecheck,
+/// perf, examples with `lstm`, fuzz and reliability run.
 pub const DEFAULT_PACK: &[&str] = &[
     "gpu_runtime",
     "gpu_capture",
@@ -207,21 +148,18 @@ impl Binary {
     /// Nextest's id of the target: `package::target` for a test target, else
     /// `package::kind/target`.
     pub fn binary_id(&self) -> String {
-        let package = self.package.name;
-        let target = self.target;
         match self.kind {
-            Kind::Test => format!("{package}::{target}"),
-            Kind::Bench => format!("{package}::bench/{target}"),
-            Kind::Bin => format!("{package}::bin/{target}"),
-            Kind::Example => format!("{package}::example/{target}"),
+            Kind::Test => format!("{}::{}", self.package.name, self.target),
+            kind => format!("{}::{}/{}", self.package.name, kind.name(), self.target),
         }
     }
 
-    /// The nextest filterset that selects this entry's tests.
+    /// The nextest filterset that selects this entry's tests (module paths need no
+    /// regex escapes).
     pub fn selector(&self) -> String {
         let binary = format!("binary_id({})", self.binary_id());
         match self.filter {
-            Some(prefix) => format!("({binary} & test(/^{}/))", regex_escape(prefix)),
+            Some(prefix) => format!("({binary} & test(/^{prefix}/))"),
             None => binary,
         }
     }
@@ -230,18 +168,6 @@ impl Binary {
     pub fn payload_path(&self) -> String {
         format!("bin/{}", self.target)
     }
-}
-
-/// Escapes what a regex would read as syntax (module paths hold none but `::`).
-pub fn regex_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$/".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The entries named, each once, in the table's order.

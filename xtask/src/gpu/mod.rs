@@ -13,6 +13,8 @@ mod run;
 mod stages;
 mod summary;
 
+use std::path::Path;
+
 use clap::ValueEnum as _;
 
 /// The packed binaries, in `.gpu/`.
@@ -22,6 +24,11 @@ const PAYLOAD: &str = "gpu.tar.xz";
 const CACHE: &str = "cubecl-cache.tar.gz";
 /// What was packed, inside the payload.
 const MANIFEST: &str = "manifest.json";
+
+/// Names the file an I/O error concerns.
+fn io(what: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+    move |e| format!("{}: {e}", what.display())
+}
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -68,7 +75,7 @@ fn list() {
             "{default} {:<20} {:<20} {:<8} {:<20} {:<22} {}",
             b.name,
             b.package.name,
-            format!("{:?}", b.kind).to_lowercase(),
+            b.kind.name(),
             b.target,
             b.features.join(","),
             b.filter.unwrap_or("")

@@ -1,18 +1,14 @@
-//! `gpu pack` on the build machine (Rust, no GPU): builds the binaries of the table in
-//! release (the dependencies' release builds are reused; a profile of its own would build
-//! them all again), strips them as they are packed, archives the test targets with
-//! `cargo nextest archive`, and writes what the GPU machine runs into `.gpu/`:
+//! `gpu pack` on the build machine (Rust, no GPU): builds the table's binaries in
+//! release (reusing the dependencies' release builds), archives the test targets with
+//! `cargo nextest archive`, and writes into `.gpu/` what the GPU machine runs:
 //!
-//! - `gpu.tar.xz`: one solid archive of the nextest archive's files (under `nextest/`),
-//!   the other binaries (under `bin/`), `cargo-nextest` and `manifest.json`. The
-//!   binaries share most of their code (Burn, CubeCL), so one xz stream with x86
-//!   branch conversion and a 256 MiB dictionary holds them in less room than each
-//!   compressed alone (four release binaries, 225 MB: 20.9 MB so, 33.4 MB one by one
-//!   with `xz -6`);
-//! - `xtask`: this tool, built the same way, which unpacks and runs them there.
+//! - `gpu.tar.xz`: the nextest archive's files (`nextest/`), the other binaries
+//!   (`bin/`), stripped, `cargo-nextest` and `manifest.json`, as one xz stream (x86
+//!   filter, 256 MiB dictionary): the binaries share most of their code, so four of
+//!   them (225 MB) take 20.9 MB so, 33.4 MB compressed one by one;
+//! - `xtask`: this tool, which unpacks and runs them there.
 //!
-//! The device tool carries the working tree and the carried folders, 64 MiB in all: the
-//! pack ends with that sum and fails when it does not fit.
+//! The device carries 64 MiB (working tree and carried folders): the pack fails past it.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -25,8 +21,7 @@ use cargo_metadata::Message;
 
 use super::binaries::{self, Binary, DEFAULT_PACK, Kind};
 use super::stages::{Stage, StageOptions};
-use super::summary::mib;
-use super::{CACHE, MANIFEST, PAYLOAD};
+use super::{CACHE, MANIFEST, PAYLOAD, io};
 
 #[derive(clap::Args, Debug)]
 pub struct PackArgs {
@@ -64,78 +59,37 @@ pub const DEVICE_LIMIT: u64 = 64 << 20;
 const DICTIONARY: u32 = 256 << 20;
 
 /// What the earlier bash packer wrote into `.gpu/`; a pack removes them.
-const OBSOLETE: &[&str] = &[
-    "gpu-check.sh",
-    "fuzz-trace.sh",
-    "ncu_sum.py",
-    "speed_summary.py",
-    "torch_anchor.py",
-    "torch_ddp_anchor.py",
-    "gpu_runtime.xz",
-    "gpu_precision.xz",
-    "gpu_capture.xz",
-    "gpu_trainer.xz",
-    "gpu_graph_speed.xz",
-    "gpu_matmul.xz",
-    "runtime_eager_bench.xz",
-    "gpu_conformance.xz",
-    "stock_ddp.xz",
-    "lstm.xz",
-    "lstm-learner.xz",
-    "charlm.xz",
-    "fuzz.xz",
-    "threads.xz",
-    "shared_embedding.xz",
-];
+const OBSOLETE: &str = "gpu-check.sh fuzz-trace.sh ncu_sum.py speed_summary.py torch_anchor.py \
+    torch_ddp_anchor.py gpu_runtime.xz gpu_precision.xz gpu_capture.xz gpu_trainer.xz \
+    gpu_graph_speed.xz gpu_matmul.xz runtime_eager_bench.xz gpu_conformance.xz stock_ddp.xz \
+    lstm.xz lstm-learner.xz charlm.xz fuzz.xz threads.xz shared_embedding.xz";
 
-/// A command to run, printable.
-struct Cmd {
-    program: PathBuf,
-    args: Vec<String>,
+/// A command of the pack, run in the workspace's root: a one-off build, where
+/// incremental state only costs disk.
+fn command(program: &Path, root: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    (command.args(args).current_dir(root)).env("CARGO_INCREMENTAL", "0");
+    command
 }
 
-impl Cmd {
-    fn new(program: impl Into<PathBuf>, args: &[&str]) -> Cmd {
-        Cmd {
-            program: program.into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-        }
-    }
-
-    fn arg(&mut self, arg: impl Into<String>) -> &mut Cmd {
-        self.args.push(arg.into());
-        self
-    }
-
-    fn line(&self) -> String {
-        format!(
-            "CARGO_INCREMENTAL=0 {} {}",
-            self.program.display(),
-            self.args.join(" ")
-        )
-    }
-
-    fn command(&self, root: &Path) -> Command {
-        let mut command = Command::new(&self.program);
-        // A one-off build: incremental state only costs disk.
-        command
-            .args(&self.args)
-            .current_dir(root)
-            .env("CARGO_INCREMENTAL", "0");
-        command
-    }
+/// The command line as printed.
+fn line(command: &Command) -> String {
+    let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy()).collect();
+    let program = Path::new(command.get_program()).display();
+    format!("CARGO_INCREMENTAL=0 {program} {}", args.join(" "))
 }
 
 /// The builds of a pack: one nextest archive of the test targets, one `cargo build`
 /// per package and feature set of the rest, and xtask itself.
 struct Builds {
-    archive: Option<Cmd>,
-    others: Vec<(Cmd, Vec<&'static Binary>)>,
-    xtask: Cmd,
+    archive: Option<Command>,
+    others: Vec<(Command, Vec<&'static Binary>)>,
+    xtask: Command,
 }
 
 fn builds(
     selection: &[&'static Binary],
+    root: &Path,
     cargo: &Path,
     nextest: &Path,
     archive_file: &Path,
@@ -146,18 +100,16 @@ fn builds(
         .filter(|b| b.kind == Kind::Test)
         .collect();
     let archive = (!tests.is_empty()).then(|| {
-        let mut cmd = Cmd::new(
-            nextest,
-            &["nextest", "archive", "--cargo-profile", "release"],
-        );
+        let archive = ["nextest", "archive", "--cargo-profile", "release"];
+        let mut cmd = command(nextest, root, &archive);
         let packages: BTreeSet<&str> = tests.iter().map(|b| b.package.name).collect();
         for package in packages {
-            cmd.arg("-p").arg(package);
+            cmd.args(["-p", package]);
         }
         let mut targets: Vec<&str> = tests.iter().map(|b| b.target).collect();
         targets.dedup();
         for target in targets {
-            cmd.arg("--test").arg(target);
+            cmd.args(["--test", target]);
         }
         // One build for every test target: cargo unifies the features anyway.
         let features: BTreeSet<&str> = tests
@@ -168,13 +120,11 @@ fn builds(
             cmd.arg("--features")
                 .arg(features.into_iter().collect::<Vec<_>>().join(","));
         }
-        cmd.arg("--archive-file")
-            .arg(archive_file.display().to_string());
+        cmd.arg("--archive-file").arg(archive_file);
         // It is unpacked and packed again into the payload: compress it little.
-        cmd.arg("--zstd-level").arg("1");
+        cmd.args(["--zstd-level", "1"]);
         cmd
     });
-    let mut others: Vec<(Cmd, Vec<&'static Binary>)> = Vec::new();
     let mut groups: Vec<(&str, &[&str], Vec<&'static Binary>)> = Vec::new();
     for binary in selection.iter().copied().filter(|b| b.kind != Kind::Test) {
         match groups
@@ -185,19 +135,22 @@ fn builds(
             None => groups.push((binary.package.name, binary.features, vec![binary])),
         }
     }
+    let json = ["--message-format", "json-render-diagnostics"];
+    let mut others = Vec::new();
     for (package, features, list) in groups {
-        let mut cmd = Cmd::new(cargo, &["build", "--release", "-p", package]);
+        let mut cmd = command(cargo, root, &["build", "--release", "-p", package]);
         if !features.is_empty() {
             cmd.arg("--features").arg(features.join(","));
         }
         for binary in &list {
-            cmd.arg(binary.kind.cargo_flag()).arg(binary.target);
+            cmd.arg(format!("--{}", binary.kind.name()))
+                .arg(binary.target);
         }
-        cmd.arg("--message-format").arg("json-render-diagnostics");
+        cmd.args(json);
         others.push((cmd, list));
     }
-    let mut xtask = Cmd::new(cargo, &["build", "--release", "-p", "xtask"]);
-    xtask.arg("--message-format").arg("json-render-diagnostics");
+    let mut xtask = command(cargo, root, &["build", "--release", "-p", "xtask"]);
+    xtask.args(json);
     Builds {
         archive,
         others,
@@ -216,7 +169,7 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
             .map(|b| b.name.to_string())
             .collect()
     } else if !args.stages.is_empty() {
-        let defaults = default_stage_options();
+        let defaults = StageOptions::parse(&[]);
         args.stages
             .iter()
             .flat_map(|s| s.binaries(&defaults))
@@ -238,7 +191,7 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     let dest = root.join(&args.dest);
     let scratch = root.join("target/gpu-pack");
     let archive_file = scratch.join("tests.tar.zst");
-    let builds = builds(&selection, &cargo, &nextest, &archive_file);
+    let mut builds = builds(&selection, &root, &cargo, &nextest, &archive_file);
     let selected: Vec<&str> = selection.iter().map(|b| b.name).collect();
     println!("# packing {}", selected.join(" "));
 
@@ -248,9 +201,9 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
             .iter()
             .chain(builds.others.iter().map(|(c, _)| c))
         {
-            println!("{}", cmd.line());
+            println!("{}", line(cmd));
         }
-        println!("{}", builds.xtask.line());
+        println!("{}", line(&builds.xtask));
         let mut entries = Vec::new();
         if builds.archive.is_some() {
             entries.push(format!("nextest/<{}>", archive_file.display()));
@@ -280,16 +233,16 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     }
 
     let t0 = Instant::now();
-    fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    fs::create_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-    if let Some(cmd) = &builds.archive {
+    fs::create_dir_all(&scratch).map_err(io(&scratch))?;
+    fs::create_dir_all(&dest).map_err(io(&dest))?;
+    if let Some(cmd) = &mut builds.archive {
         let _ = fs::remove_file(&archive_file);
-        run(cmd, &root)?;
+        run(cmd)?;
     }
     let mut built: Vec<(PathBuf, String)> = Vec::new();
-    for (cmd, list) in &builds.others {
-        let executables = build(cmd, &root)?;
-        for binary in list {
+    for (cmd, list) in &mut builds.others {
+        let executables = build(cmd)?;
+        for binary in list.iter() {
             let path = executables
                 .iter()
                 .find(|(target, _)| target == binary.target)
@@ -298,14 +251,14 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
             built.push((path, binary.payload_path()));
         }
     }
-    let xtask = build(&builds.xtask, &root)?
+    let xtask = build(&mut builds.xtask)?
         .into_iter()
         .find(|(target, _)| target == "xtask")
         .map(|(_, p)| p)
         .ok_or("cargo built no xtask executable")?;
     println!("built in {:.0} s", t0.elapsed().as_secs_f64());
 
-    for name in OBSOLETE {
+    for name in OBSOLETE.split_whitespace() {
         if fs::remove_file(dest.join(name)).is_ok() {
             println!("removed {} (the bash packer's)", dest.join(name).display());
         }
@@ -331,19 +284,9 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     let _ = fs::remove_file(&xtask_dest);
     let xtask = stripped(fs::read(&xtask).map_err(io(&xtask))?, &xtask_dest)?;
     fs::write(&xtask_dest, xtask).map_err(io(&xtask_dest))?;
-    set_executable(&xtask_dest)?;
+    let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    fs::set_permissions(&xtask_dest, executable).map_err(io(&xtask_dest))?;
     check_size(&root, &dest)
-}
-
-/// The stage options when none are given (what `pack --stages` packs for).
-fn default_stage_options() -> StageOptions {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        opts: StageOptions,
-    }
-    Defaults::parse_from(["pack"]).opts
 }
 
 fn on_path(program: &str) -> Option<PathBuf> {
@@ -354,27 +297,20 @@ fn on_path(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn run(cmd: &Cmd, root: &Path) -> Result<(), String> {
-    println!("$ {}", cmd.line());
-    let status = cmd
-        .command(root)
-        .status()
-        .map_err(|e| format!("{}: {e}", cmd.program.display()))?;
-    status
-        .success()
+fn run(cmd: &mut Command) -> Result<(), String> {
+    println!("$ {}", line(cmd));
+    let status = cmd.status().map_err(io(Path::new(cmd.get_program())))?;
+    (status.success())
         .then_some(())
-        .ok_or_else(|| format!("{} failed: {status}", cmd.line()))
+        .ok_or_else(|| format!("{} failed: {status}", line(cmd)))
 }
 
 /// Runs a `cargo build --message-format json...` and returns each built executable's
 /// target name and path.
-fn build(cmd: &Cmd, root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    println!("$ {}", cmd.line());
-    let mut child = cmd
-        .command(root)
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", cmd.program.display()))?;
+fn build(cmd: &mut Command) -> Result<Vec<(String, PathBuf)>, String> {
+    println!("$ {}", line(cmd));
+    let mut child =
+        (cmd.stdout(Stdio::piped()).spawn()).map_err(io(Path::new(cmd.get_program())))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut executables = Vec::new();
     for message in Message::parse_stream(BufReader::new(stdout)) {
@@ -386,7 +322,7 @@ fn build(cmd: &Cmd, root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
     }
     let status = child.wait().map_err(|e| e.to_string())?;
     if !status.success() {
-        return Err(format!("{} failed: {status}", cmd.line()));
+        return Err(format!("{} failed: {status}", line(cmd)));
     }
     Ok(executables)
 }
@@ -511,9 +447,8 @@ pub(super) fn write_payload(
     fs::rename(&partial, payload).map_err(io(payload))
 }
 
-/// Names the file an I/O error concerns.
-fn io(what: &Path) -> impl Fn(std::io::Error) -> String + '_ {
-    move |e| format!("{}: {e}", what.display())
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// Bytes the device tool carries of the working tree: tracked files and untracked ones
@@ -629,12 +564,6 @@ fn stripped(data: Vec<u8>, beside: &Path) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// `chmod 755`.
-fn set_executable(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).map_err(io(path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,6 +572,7 @@ mod tests {
         let selection = binaries::select(names).unwrap();
         let b = builds(
             &selection,
+            Path::new("/w"),
             Path::new("cargo"),
             Path::new("/bin/cargo-nextest"),
             Path::new("/t/tests.tar.zst"),
@@ -651,7 +581,7 @@ mod tests {
             .iter()
             .chain(b.others.iter().map(|(c, _)| c))
             .chain([&b.xtask])
-            .map(Cmd::line)
+            .map(line)
             .collect()
     }
 

@@ -2,7 +2,7 @@
 //! CUDA, NCCL and CubeCL's caches, runs the stages' steps with time limits, and leaves
 //! in `$OUT` a summary, one tarball of logs and the cubecl cache for the next machine.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::{self, File};
 use std::io::{BufReader, Write as _};
 use std::os::unix::process::CommandExt as _;
@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::binaries::{self, Kind, PACKAGES};
-use super::stages::{self, Dir, Layout, Report, Stage, StageOptions, Step};
+use super::stages::{self, Dir, Layout, Report, Stage, StageOptions, Step, path_arg};
 use super::summary::{self, Outcome, StepResult};
-use super::{CACHE, PAYLOAD};
+use super::{CACHE, PAYLOAD, io};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -60,12 +60,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let started = Instant::now();
     let pack = pack_dir(args.pack.clone());
     let repo = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let work = absolute(&args.work)?;
+    let work = std::path::absolute(&args.work).map_err(io(&args.work))?;
     let unpacked = work.join("pack");
     if !args.dry_run {
         unpack(&pack, &unpacked)?;
     }
-    let manifest = read_manifest(&unpacked);
+    let (packed, description) = read_manifest(&unpacked);
     let test_binaries = test_binaries(&unpacked).unwrap_or_default();
     let logs = next_free(&work.join("logs"), "run");
     let cache = work.join("cache");
@@ -94,12 +94,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let mut lanes: Vec<VecDeque<Vec<Step>>> = Vec::new();
     for stage in &args.stages {
         if !args.dry_run {
-            let missing: Vec<_> = stage
-                .binaries(&args.opts)
-                .into_iter()
-                .filter(|name| !manifest.binaries.iter().any(|b| b == name))
-                .collect();
-            if let Some(name) = missing.first() {
+            let names = stage.binaries(&args.opts);
+            if let Some(name) = names.iter().find(|n| !packed.iter().any(|b| b == *n)) {
                 return Err(format!(
                     "stage {}: {}",
                     stage.name(),
@@ -129,32 +125,27 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         return Ok(());
     }
 
-    let out = match args
-        .out
-        .clone()
+    let out = (args.out.clone())
         .or_else(|| std::env::var_os("OUT").map(PathBuf::from))
-    {
-        Some(out) => out,
-        None => pack.join("out"),
-    };
-    fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        .unwrap_or_else(|| pack.join("out"));
+    fs::create_dir_all(&out).map_err(io(&out))?;
+    fs::create_dir_all(&logs).map_err(io(&logs))?;
     restore_cache(&pack, &cache)?;
     let shared = layout.shared();
-    fs::create_dir_all(&shared).map_err(|e| format!("{}: {e}", shared.display()))?;
+    fs::create_dir_all(&shared).map_err(io(&shared))?;
     write_cubecl_toml(&shared, &cache, args.autotune_log)?;
 
     let stage_names: Vec<String> = args.stages.iter().map(|s| s.name()).collect();
+    let side_by_side = if args.side_by_side {
+        " (side by side)"
+    } else {
+        ""
+    };
     let mut header = vec![format!(
-        "## xtask gpu run {}{}",
-        stage_names.join(" "),
-        if args.side_by_side {
-            " (side by side)"
-        } else {
-            ""
-        }
+        "## xtask gpu run {}{side_by_side}",
+        stage_names.join(" ")
     )];
-    header.push(format!("packed: {}", manifest.description));
+    header.push(format!("packed: {description}"));
     header.extend(machine(&env));
     fs::write(logs.join("machine.txt"), header.join("\n") + "\n").map_err(|e| e.to_string())?;
     for line in &header {
@@ -181,10 +172,17 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let text = summary::markdown(&header, &results, &extra);
     println!("\n{text}");
     append(&out.join("summary.md"), &text)?;
-    save_cache(&cache, &out.join(CACHE))?;
+    tar_gz(&cache, &out.join(CACHE), |_| true)?;
     let tarball = next_free(&out, &format!("logs-{}", stage_names.join("-")));
     let tarball = tarball.with_extension("tar.gz");
-    tar_logs(&logs, &tarball)?;
+    // Without models and checkpoints (the device brings back small files).
+    tar_gz(&logs, &tarball, |path| {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        !(name.ends_with(".mpk") || name == "checkpoint")
+    })?;
     println!("logs: {}", tarball.display());
     let failed = results.iter().filter(|r| !r.outcome.passed()).count();
     if failed > 0 {
@@ -209,10 +207,6 @@ fn pack_dir(arg: Option<PathBuf>) -> PathBuf {
     PathBuf::from(".gpu")
 }
 
-fn absolute(path: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 /// Unpacks the payload unless this very file was unpacked there already.
 pub(super) fn unpack(pack: &Path, dest: &Path) -> Result<(), String> {
     let payload = pack.join(PAYLOAD);
@@ -234,10 +228,10 @@ pub(super) fn unpack(pack: &Path, dest: &Path) -> Result<(), String> {
     }
     let t0 = Instant::now();
     if dest.exists() {
-        fs::remove_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+        fs::remove_dir_all(dest).map_err(io(dest))?;
     }
-    fs::create_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-    let file = File::open(&payload).map_err(|e| format!("{}: {e}", payload.display()))?;
+    fs::create_dir_all(dest).map_err(io(dest))?;
+    let file = File::open(&payload).map_err(io(&payload))?;
     let xz = liblzma::bufread::XzDecoder::new_parallel(BufReader::with_capacity(1 << 20, file));
     let mut archive = tar::Archive::new(xz);
     archive.set_preserve_permissions(true);
@@ -253,58 +247,37 @@ pub(super) fn unpack(pack: &Path, dest: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// What `gpu pack` recorded.
-#[derive(Default)]
-struct Manifest {
-    binaries: Vec<String>,
-    description: String,
-}
-
-fn read_manifest(unpacked: &Path) -> Manifest {
-    let path = unpacked.join(super::MANIFEST);
-    let Ok(json) = fs::read_to_string(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).map_err(|e| e.to_string()))
-    else {
-        return Manifest {
-            description: "(no manifest)".into(),
-            ..Manifest::default()
-        };
+/// What `gpu pack` recorded: the names of the binaries packed, and a line for the summary.
+fn read_manifest(unpacked: &Path) -> (Vec<String>, String) {
+    let json = fs::read_to_string(unpacked.join(super::MANIFEST)).ok();
+    let Some(json) = json.and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok()) else {
+        return (Vec::new(), "(no manifest)".into());
     };
-    let binaries: Vec<String> = json["binaries"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|b| b.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let binaries: Vec<String> = (json["binaries"].as_array().into_iter().flatten())
+        .filter_map(|b| b.as_str().map(String::from))
+        .collect();
     let text = |key: &str| json[key].as_str().unwrap_or("?").to_string();
-    Manifest {
-        description: format!(
-            "commit {} at {}, {}; {}",
-            text("commit"),
-            text("packed"),
-            text("nextest"),
-            binaries.join(" ")
-        ),
-        binaries,
-    }
+    let description = format!(
+        "commit {} at {}, {}; {}",
+        text("commit"),
+        text("packed"),
+        text("nextest"),
+        binaries.join(" ")
+    );
+    (binaries, description)
 }
 
 /// Nextest's binary ids and the unpacked test binaries, from the archive's
 /// binaries-metadata.json (its paths name the build machine's target folder).
-pub(super) fn test_binaries(
-    unpacked: &Path,
-) -> Result<std::collections::BTreeMap<String, PathBuf>, String> {
+pub(super) fn test_binaries(unpacked: &Path) -> Result<BTreeMap<String, PathBuf>, String> {
     let target = unpacked.join("nextest/target");
     let path = target.join("nextest/binaries-metadata.json");
-    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = fs::read_to_string(&path).map_err(io(&path))?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let built = json["rust-build-meta"]["target-directory"]
         .as_str()
         .ok_or("binaries-metadata.json names no target directory")?;
-    let mut map = std::collections::BTreeMap::new();
+    let mut map = BTreeMap::new();
     if let Some(binaries) = json["rust-binaries"].as_object() {
         for (id, binary) in binaries {
             let Some(path) = binary["binary-path"].as_str() else {
@@ -384,14 +357,13 @@ fn write_cubecl_toml(dir: &Path, cache: &Path, autotune_log: bool) -> Result<(),
         "\n[compilation]\ncache = {{ file = \"{}\" }}\n",
         cache.join("ptx").display()
     ));
-    fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    fs::write(dir.join("cubecl.toml"), text).map_err(|e| format!("{}: {e}", dir.display()))
+    fs::create_dir_all(cache).map_err(io(cache))?;
+    fs::write(dir.join("cubecl.toml"), text).map_err(io(dir))
 }
 
 /// The environment of every step: CUDA's tools and libraries, NCCL as `libnccl.so`
 /// (cudarc opens that name; PyTorch's wheel ships `libnccl.so.2` only), NVLink
-/// multicast off, and this runtime's caches beside CubeCL's. Parity tests keep their
-/// children's autotune results in the run's cache, so each shape is tuned once.
+/// multicast off, and this runtime's caches in the run's.
 fn environment(work: &Path, cache: &Path) -> Vec<(String, String)> {
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let cuda = std::env::var("CUDA_PATH").unwrap_or_else(|_| "/usr/local/cuda".into());
@@ -413,15 +385,20 @@ fn environment(work: &Path, cache: &Path) -> Vec<(String, String)> {
         ("PATH".into(), format!("{cuda}/bin:{}", var("PATH"))),
         ("LD_LIBRARY_PATH".into(), libraries.join(":")),
         ("NCCL_NVLS_ENABLE".into(), "0".into()),
-        (
-            "BURN_GRAPH_CAPTURE_KERNEL_CACHE".into(),
-            cache.join("ptx").display().to_string(),
-        ),
-        (
-            "GPU_OURS_AUTOTUNE".into(),
-            cache.join("autotune").display().to_string(),
-        ),
     ]
+    .into_iter()
+    .chain(cache_env(cache))
+    .collect()
+}
+
+/// This runtime's caches in `cache`, beside CubeCL's: its PTX, and the autotune results
+/// parity tests' children keep (so each shape is tuned once).
+fn cache_env(cache: &Path) -> [(String, String); 2] {
+    [
+        ("BURN_GRAPH_CAPTURE_KERNEL_CACHE", "ptx"),
+        ("GPU_OURS_AUTOTUNE", "autotune"),
+    ]
+    .map(|(k, dir)| (k.into(), path_arg(&cache.join(dir))))
 }
 
 /// The folder of `libnccl.so.2`: PyTorch's nvidia-nccl wheel, else the linker cache.
@@ -484,32 +461,17 @@ fn restore_cache(pack: &Path, cache: &Path) -> Result<(), String> {
     if !empty || !tarball.is_file() {
         return Ok(());
     }
-    let file = File::open(&tarball).map_err(|e| format!("{}: {e}", tarball.display()))?;
+    let file = File::open(&tarball).map_err(io(&tarball))?;
     fs::create_dir_all(cache).map_err(|e| e.to_string())?;
     tar::Archive::new(flate2::read::GzDecoder::new(BufReader::new(file)))
         .unpack(cache)
-        .map_err(|e| format!("{}: {e}", tarball.display()))?;
+        .map_err(io(&tarball))?;
     println!("cubecl cache restored from {}", tarball.display());
     Ok(())
 }
 
-fn save_cache(cache: &Path, tarball: &Path) -> Result<(), String> {
-    tar_gz(cache, tarball, |_| true)
-}
-
-/// The run's logs, without models and checkpoints (the device brings back small files).
-fn tar_logs(logs: &Path, tarball: &Path) -> Result<(), String> {
-    tar_gz(logs, tarball, |path| {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        !(name.ends_with(".mpk") || name == "checkpoint")
-    })
-}
-
 fn tar_gz(dir: &Path, tarball: &Path, keep: impl Fn(&Path) -> bool) -> Result<(), String> {
-    let file = File::create(tarball).map_err(|e| format!("{}: {e}", tarball.display()))?;
+    let file = File::create(tarball).map_err(io(tarball))?;
     let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
     tar.follow_symlinks(false);
@@ -525,14 +487,13 @@ fn tar_gz(dir: &Path, tarball: &Path, keep: impl Fn(&Path) -> bool) -> Result<()
             if full.is_dir() {
                 stack.push(path);
             } else {
-                tar.append_path_with_name(&full, &path)
-                    .map_err(|e| format!("{}: {e}", full.display()))?;
+                tar.append_path_with_name(&full, &path).map_err(io(&full))?;
             }
         }
     }
     tar.into_inner()
         .and_then(|gz| gz.finish())
-        .map_err(|e| format!("{}: {e}", tarball.display()))?;
+        .map_err(io(tarball))?;
     Ok(())
 }
 
@@ -541,7 +502,7 @@ fn append(path: &Path, text: &str) -> Result<(), String> {
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(io(path))?;
     writeln!(file, "{text}").map_err(|e| e.to_string())
 }
 
@@ -595,19 +556,7 @@ fn tables(logs: &Path) -> Vec<String> {
             continue;
         };
         if name.starts_with("speed") && name.ends_with(".log") {
-            // One table per process (size): the rows under their headers.
-            let mut rows = Vec::new();
-            let mut rest = text.as_str();
-            while let Some(table) = summary::speed_table(rest) {
-                let start = rest.find("| b/t/h").unwrap_or(0);
-                rest = &rest[start + table.len()..];
-                let mut lines = table.lines();
-                let head: Vec<&str> = lines.by_ref().take(2).collect();
-                if rows.is_empty() {
-                    rows.extend(head.iter().map(|l| l.to_string()));
-                }
-                rows.extend(lines.map(String::from));
-            }
+            let rows = summary::speed_rows(&text);
             if !rows.is_empty() {
                 blocks.push(format!("### {name}\n\n{}", rows.join("\n")));
             }
@@ -650,23 +599,20 @@ impl Exec<'_> {
     /// Runs each lane's groups in order, the lanes side by side, every step of a group
     /// at once; the results in the order of the plan.
     fn lanes(&self, lanes: Vec<VecDeque<Vec<Step>>>) -> Vec<StepResult> {
-        // Results in the plan's order: lane by lane, group by group.
-        let mut next = 0..;
-        let mut queues: Vec<VecDeque<Vec<(usize, Step)>>> = lanes
-            .into_iter()
+        // Each step numbered in the plan's order: lane by lane, group by group.
+        let mut count = 0;
+        let mut number = |step| {
+            count += 1;
+            (count - 1, step)
+        };
+        let mut queues: Vec<VecDeque<Vec<(usize, Step)>>> = (lanes.into_iter())
             .map(|lane| {
-                lane.into_iter()
-                    .map(|group| {
-                        group
-                            .into_iter()
-                            .map(|s| (next.next().unwrap_or(0), s))
-                            .collect()
-                    })
+                (lane.into_iter())
+                    .map(|g| g.into_iter().map(&mut number).collect())
                     .collect()
             })
             .collect();
-        let mut results: Vec<Option<StepResult>> = Vec::new();
-        results.resize_with(next.next().unwrap_or(0), || None);
+        let mut results: Vec<Option<StepResult>> = (0..count).map(|_| None).collect();
         let mut running: Vec<Running> = Vec::new();
         loop {
             for (lane, queue) in queues.iter_mut().enumerate() {
@@ -761,14 +707,7 @@ impl Exec<'_> {
                 let cache = dir.join("cache");
                 write_cubecl_toml(dir, &cache, *autotune_log || self.autotune_log)
                     .map_err(Outcome::NotRun)?;
-                env.push((
-                    "BURN_GRAPH_CAPTURE_KERNEL_CACHE".into(),
-                    path_string(&cache.join("ptx")),
-                ));
-                env.push((
-                    "GPU_OURS_AUTOTUNE".into(),
-                    path_string(&cache.join("autotune")),
-                ));
+                env.extend(cache_env(&cache));
                 dir.clone()
             }
         };
@@ -808,12 +747,11 @@ impl Exec<'_> {
     fn nextest_workspace(&self, ws: &Path) -> Result<(), String> {
         let _ = fs::remove_dir_all(ws);
         for package in PACKAGES {
-            fs::create_dir_all(ws.join(package.dir))
-                .map_err(|e| format!("{}: {e}", ws.display()))?;
+            fs::create_dir_all(ws.join(package.dir)).map_err(io(ws))?;
         }
         write_cubecl_toml(ws, self.cache, self.autotune_log)?;
         std::os::unix::fs::symlink(self.layout.repo.join("Cargo.toml"), ws.join("Cargo.toml"))
-            .map_err(|e| format!("{}: {e}", ws.display()))
+            .map_err(io(ws))
     }
 
     /// Reads what the step reports beside its exit status.
@@ -824,22 +762,15 @@ impl Exec<'_> {
             step.label,
             outcome
         );
-        let mut result = StepResult {
-            stage: step.stage.name(),
-            label: step.label.clone(),
-            outcome,
-            seconds,
-            junit: None,
-            notes: Vec::new(),
-        };
+        let mut result = StepResult::new(step, outcome, seconds);
         let logs = &self.layout.logs;
         match &step.report {
-            Report::Exit | Report::Speed | Report::Torch => {}
+            Report::Exit => {}
             Report::JUnit(path) => {
                 let _ = fs::copy(path, logs.join(format!("{}-junit.xml", step.label)));
                 result.junit = Some(
                     fs::read_to_string(path)
-                        .map_err(|e| format!("{}: {e}", path.display()))
+                        .map_err(io(path))
                         .and_then(|xml| summary::parse_junit(&xml)),
                 );
             }
@@ -881,13 +812,19 @@ impl Exec<'_> {
 
 fn not_run(step: &Step, outcome: Outcome) -> StepResult {
     println!("        not run {}: {outcome:?}", step.label);
-    StepResult {
-        stage: step.stage.name(),
-        label: step.label.clone(),
-        outcome,
-        seconds: 0.0,
-        junit: None,
-        notes: Vec::new(),
+    StepResult::new(step, outcome, 0.0)
+}
+
+impl StepResult {
+    fn new(step: &Step, outcome: Outcome, seconds: f64) -> StepResult {
+        StepResult {
+            stage: step.stage.name(),
+            label: step.label.clone(),
+            outcome,
+            seconds,
+            junit: None,
+            notes: Vec::new(),
+        }
     }
 }
 
@@ -902,6 +839,111 @@ fn signal_group(child: &Child, signal: libc::c_int) {
     }
 }
 
-fn path_string(path: &Path) -> String {
-    path.display().to_string()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dir: &Path) -> Layout {
+        Layout {
+            repo: dir.into(),
+            work: dir.into(),
+            logs: dir.join("logs"),
+            gpus: 1,
+            test_binaries: Default::default(),
+        }
+    }
+
+    /// `sh -c SCRIPT` as a step of its own.
+    fn sh(label: &str, script: &str, timeout_s: u64) -> Step {
+        Step {
+            stage: Stage::Smoke,
+            label: label.into(),
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![("STEP".into(), label.into())],
+            dir: Dir::Shared,
+            timeout_s,
+            log: format!("{label}.log"),
+            append: false,
+            report: Report::Exit,
+        }
+    }
+
+    #[test]
+    fn lanes_run_side_by_side_and_report_in_the_plans_order() {
+        let dir = std::env::temp_dir().join(format!("xtask-gpu-lanes-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let layout = layout(&dir);
+        fs::create_dir_all(&layout.logs).unwrap();
+        fs::create_dir_all(layout.shared()).unwrap();
+        let now = Instant::now();
+        let exec = Exec {
+            started: now,
+            layout: &layout,
+            env: &[("RUN".into(), "1".into())],
+            cache: &dir.join("cache"),
+            deadline: now + Duration::from_secs(100),
+            timeout: None,
+            autotune_log: false,
+        };
+        // Lane 1: two steps at once, then one past its limit (its group stopped with
+        // it: SIGTERM reaches the sleep); lane 2 beside them.
+        let lane1 = VecDeque::from([
+            vec![sh("a", "exit 0", 60), sh("b", "exit 3", 60)],
+            vec![sh("c", "sleep 30 & wait", 1)],
+        ]);
+        let lane2 = VecDeque::from([vec![sh("d", "echo $STEP $RUN", 60)]]);
+        let results = exec.lanes(vec![lane1, lane2]);
+        let labels: Vec<&str> = results.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["a", "b", "c", "d"]);
+        let outcomes: Vec<&Outcome> = results.iter().map(|r| &r.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                &Outcome::Passed,
+                &Outcome::Failed("exit status: 3".into()),
+                &Outcome::TimedOut(1),
+                &Outcome::Passed
+            ]
+        );
+        assert!(results[2].seconds < 10.0, "stopped at its limit");
+        let log = fs::read_to_string(layout.logs.join("d.log")).unwrap();
+        assert!(
+            log.starts_with("==== d (limit 60 s): STEP=d sh -c"),
+            "{log}"
+        );
+        assert!(log.ends_with("d 1\n"), "{log}");
+
+        // Too close to the deadline, nothing starts.
+        let exec = Exec {
+            deadline: Instant::now() + Duration::from_secs(RESERVE_S + 5),
+            ..exec
+        };
+        let results = exec.lanes(vec![VecDeque::from([vec![sh("e", "exit 0", 60)]])]);
+        assert!(matches!(&results[0].outcome, Outcome::NotRun(_)));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stage run twice: its second steps get their own labels, logs, workspaces and
+    /// JUnit files.
+    #[test]
+    fn a_stage_run_twice_gets_labels_of_its_own() {
+        let layout = layout(Path::new("/w"));
+        let opts = StageOptions::parse(&[]);
+        let mut lanes = vec![VecDeque::new()];
+        for _ in 0..2 {
+            lanes[0].extend(stages::plan(Stage::Smoke, &opts, &layout).unwrap());
+        }
+        unique_labels(&mut lanes);
+        let second = &lanes[0][1][0];
+        assert_eq!(second.label, "smoke-2");
+        assert_eq!(second.log, "smoke-2.log");
+        assert_eq!(second.dir, Dir::Nextest("/w/nextest/smoke-2".into()));
+        assert_eq!(
+            second.report,
+            Report::JUnit("/w/nextest/smoke-2/target/nextest/gpu/junit.xml".into())
+        );
+        assert!(second.args.contains(&"/w/nextest/smoke-2".to_string()));
+        assert_eq!(lanes[0][0][0].label, "smoke");
+    }
 }

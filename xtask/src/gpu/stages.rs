@@ -82,7 +82,7 @@ impl Stage {
                 let mut names: Vec<&'static str> = opts
                     .examples
                     .iter()
-                    .filter_map(|run| example_run(run).ok().map(|r| r.binary))
+                    .filter_map(|run| example_run(run).ok().map(|r| r.1))
                     .collect();
                 names.sort();
                 names.dedup();
@@ -195,53 +195,38 @@ pub struct StageOptions {
     pub filters: Vec<String>,
 }
 
-/// One example run: the binary and its arguments (`--out` is added).
-pub struct ExampleRun {
-    pub name: &'static str,
-    pub binary: &'static str,
-    pub args: &'static [&'static str],
-    /// Whether it takes `--epochs`.
-    pub epochs: bool,
+impl StageOptions {
+    /// The options parsed from `args` (none: the defaults).
+    pub fn parse(args: &[&str]) -> StageOptions {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            opts: StageOptions,
+        }
+        <Cli as clap::Parser>::parse_from(std::iter::once("xtask").chain(args.iter().copied())).opts
+    }
 }
 
-pub const EXAMPLE_RUNS: &[ExampleRun] = &[
-    ExampleRun {
-        name: "lstm",
-        binary: "lstm",
-        args: &["--compare", "--stock"],
-        epochs: true,
-    },
-    ExampleRun {
-        name: "lstm-fused",
-        binary: "lstm",
-        args: &["--fused", "--compare"],
-        epochs: true,
-    },
-    ExampleRun {
-        name: "lstm-gru",
-        binary: "lstm",
-        args: &["--gru", "--compare"],
-        epochs: true,
-    },
-    ExampleRun {
-        name: "learner",
-        binary: "lstm-learner",
-        args: &["--compare", "--stock"],
-        epochs: true,
-    },
-    ExampleRun {
-        name: "charlm",
-        binary: "charlm",
-        args: &[],
-        epochs: false,
-    },
+/// One example run: its name, the binary, its arguments, and whether it takes
+/// `--epochs` (`--out` is added).
+type ExampleRun = (&'static str, &'static str, &'static [&'static str], bool);
+
+const EXAMPLE_RUNS: [ExampleRun; 5] = [
+    ("lstm", "lstm", &["--compare", "--stock"], true),
+    ("lstm-fused", "lstm", &["--fused", "--compare"], true),
+    ("lstm-gru", "lstm", &["--gru", "--compare"], true),
+    ("learner", "lstm-learner", &["--compare", "--stock"], true),
+    ("charlm", "charlm", &[], false),
 ];
 
-fn example_run(name: &str) -> Result<&'static ExampleRun, String> {
-    EXAMPLE_RUNS.iter().find(|r| r.name == name).ok_or_else(|| {
-        let names: Vec<_> = EXAMPLE_RUNS.iter().map(|r| r.name).collect();
-        format!("no example run {name} (known: {})", names.join(", "))
-    })
+fn example_run(name: &str) -> Result<ExampleRun, String> {
+    EXAMPLE_RUNS
+        .into_iter()
+        .find(|r| r.0 == name)
+        .ok_or_else(|| {
+            let names: Vec<_> = EXAMPLE_RUNS.iter().map(|r| r.0).collect();
+            format!("no example run {name} (known: {})", names.join(", "))
+        })
 }
 
 /// Where a step runs.
@@ -264,8 +249,6 @@ pub enum Report {
     Exit,
     /// Nextest's JUnit file: tests passed, failed and skipped.
     JUnit(PathBuf),
-    /// The speed bench's table.
-    Speed,
     /// An ncu CSV, summed by scripts/ncu_sum.py into ncu.log after the step.
     Ncu {
         csv: PathBuf,
@@ -274,8 +257,6 @@ pub enum Report {
     },
     /// compute-sanitizer's summary line.
     Sanitizer,
-    /// PyTorch's JSON lines.
-    Torch,
     /// An example's summary.json in this folder.
     Example(PathBuf),
 }
@@ -300,7 +281,7 @@ impl Step {
     /// The command line as a shell would read it (for printing).
     pub fn command_line(&self) -> String {
         let env = self.env.iter().map(|(k, v)| format!("{k}={}", quote(v)));
-        let program = std::iter::once(quote(&self.program.display().to_string()));
+        let program = std::iter::once(quote(&path_arg(&self.program)));
         env.chain(program)
             .chain(self.args.iter().map(|a| quote(a)))
             .collect::<Vec<_>>()
@@ -350,18 +331,13 @@ impl Layout {
         self.unpacked().join("nextest/target")
     }
 
-    /// The unpacked binary of an entry.
-    pub fn binary(&self, binary: &Binary) -> Result<PathBuf, String> {
+    /// The unpacked binary of the table's entry `name`.
+    pub fn binary(&self, name: &str) -> Result<PathBuf, String> {
+        let binary = binaries::find(name)?;
         match binary.kind {
-            Kind::Test => self
-                .test_binaries
-                .get(&binary.binary_id())
-                .cloned()
-                .ok_or_else(|| not_packed(binary.name)),
-            _ => {
-                let path = self.unpacked().join(binary.payload_path());
-                Ok(path)
-            }
+            Kind::Test => (self.test_binaries.get(&binary.binary_id()).cloned())
+                .ok_or_else(|| not_packed(name)),
+            _ => Ok(self.unpacked().join(binary.payload_path())),
         }
     }
 }
@@ -372,95 +348,67 @@ pub fn not_packed(name: &str) -> String {
     )
 }
 
+/// The nextest profiles of `.config/nextest.toml`.
+const GPU: &str = "gpu";
+const MEMCHECK: &str = "gpu-memcheck";
+
 /// The groups of one stage.
 pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Group>, String> {
-    let timeout = stage.timeout_s();
     let one = |step: Step| vec![step];
+    let expr =
+        |names: &[&str], default: Option<&str>| expression(names, default, opts, layout.gpus);
+    let nextest =
+        |label: &str, profile, threads, expr| nextest(layout, stage, label, profile, threads, expr);
+    let tests = |label: &str, threads| -> Result<Step, String> {
+        let expr = expr(&Stage::Tests.binaries(opts), None)?;
+        Ok(nextest(label, GPU, threads, expr))
+    };
+    let memcheck = |label: &str| -> Result<Step, String> {
+        let expr = expr(&Stage::Memcheck.binaries(opts), Some(&memcheck_default()?))?;
+        Ok(Step {
+            env: env(&[("GPU_TRAINER_SHORT", "1")]),
+            ..nextest(label, MEMCHECK, opts.threads, expr)
+        })
+    };
     Ok(match stage {
         Stage::Smoke => {
             let default = "test(smoke) | test(random_and_sync) | test(op_parity_plain)";
-            let expr = expression(
-                &binaries::select(&["gpu_runtime"])?,
-                Some(default.into()),
-                opts,
-                layout.gpus,
-            );
-            vec![one(nextest(
-                layout,
-                stage,
-                "smoke",
-                Profile::Gpu,
-                expr,
-                opts.threads,
-                vec![],
-                timeout,
-            ))]
+            let expr = expr(&stage.binaries(opts), Some(default))?;
+            vec![one(nextest("smoke", GPU, opts.threads, expr))]
         }
-        Stage::Tests => vec![one(tests_step(layout, opts, stage, "tests", opts.threads)?)],
-        Stage::Memcheck => vec![one(memcheck_step(layout, opts, stage, "memcheck")?)],
+        Stage::Tests => vec![one(tests("tests", opts.threads)?)],
+        Stage::Memcheck => vec![one(memcheck("memcheck")?)],
         Stage::Suite => vec![vec![
-            tests_step(
-                layout,
-                opts,
-                stage,
-                "suite-tests",
-                Some(opts.threads.unwrap_or(4)),
-            )?,
-            memcheck_step(layout, opts, stage, "suite-memcheck")?,
+            tests("suite-tests", Some(opts.threads.unwrap_or(4)))?,
+            memcheck("suite-memcheck")?,
         ]],
         Stage::Precision => {
-            let expr = expression(
-                &binaries::select(&["gpu_precision"])?,
-                None,
-                opts,
-                layout.gpus,
-            );
-            vec![one(nextest(
-                layout,
-                stage,
-                "precision",
-                Profile::Gpu,
-                expr,
-                opts.threads,
-                vec![],
-                timeout,
-            ))]
+            let expr = expr(&stage.binaries(opts), None)?;
+            vec![one(nextest("precision", GPU, opts.threads, expr))]
         }
         Stage::Racecheck => {
-            let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
+            let bench = path_arg(&layout.binary("gpu_graph_speed")?);
             let mut groups = Vec::new();
             for pair in &opts.racecheck {
                 let (target, size) = pair
                     .split_once('@')
                     .ok_or_else(|| format!("--racecheck {pair}: expected TARGET@b/t/h"))?;
-                let label = format!("racecheck-{target}-{}", dashed(size));
-                groups.push(one(Step {
-                    stage,
-                    label: label.clone(),
-                    program: "compute-sanitizer".into(),
-                    args: words(&[
-                        "--tool",
-                        "racecheck",
-                        "--error-exitcode",
-                        "17",
-                        "--print-limit",
-                        "20",
-                    ])
-                    .into_iter()
-                    .chain([
-                        path_arg(&bench),
-                        "profile".into(),
-                        target.into(),
-                        size.into(),
-                    ])
-                    .collect(),
-                    env: vec![],
-                    dir: Dir::Shared,
-                    timeout_s: timeout,
-                    log: format!("{label}.log"),
-                    append: false,
-                    report: Report::Sanitizer,
-                }));
+                let label = format!("racecheck-{target}-{}", size.replace('/', "-"));
+                let args = words(&[
+                    "--tool",
+                    "racecheck",
+                    "--error-exitcode",
+                    "17",
+                    "--print-limit",
+                    "20",
+                    &bench,
+                    "profile",
+                    target,
+                    size,
+                ]);
+                let step = direct(stage, &label, "compute-sanitizer".into(), args);
+                let report = Report::Sanitizer;
+                groups.push(one(Step { report, ..step }));
             }
             groups
         }
@@ -477,113 +425,69 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
             groups
         }
         Stage::Matmul => {
-            let bench = layout.binary(binaries::find("gpu_matmul")?)?;
-            vec![one(direct(stage, "matmul", bench, vec![], timeout))]
+            let bench = layout.binary("gpu_matmul")?;
+            vec![one(direct(stage, "matmul", bench, vec![]))]
         }
         Stage::Eager => {
-            let bench = layout.binary(binaries::find("runtime_eager_bench")?)?;
+            let bench = layout.binary("runtime_eager_bench")?;
             let args = vec![opts.steps.to_string()];
-            vec![one(direct(stage, "eager", bench, args, timeout))]
+            vec![one(direct(stage, "eager", bench, args))]
         }
         Stage::Examples => {
             let mut groups = Vec::new();
-            let mut seen = BTreeMap::<&str, usize>::new();
-            for name in &opts.examples {
-                let run = example_run(name)?;
-                let count = seen.entry(run.name).or_default();
-                *count += 1;
-                let label = match *count {
-                    1 => format!("example-{}", run.name),
-                    n => format!("example-{}-{n}", run.name),
+            for (i, name) in opts.examples.iter().enumerate() {
+                let (_, binary, args, epochs) = example_run(name)?;
+                // A run named again gets `-2`, `-3`, ...
+                let label = match opts.examples[..i].iter().filter(|n| *n == name).count() {
+                    0 => format!("example-{name}"),
+                    n => format!("example-{name}-{}", n + 1),
                 };
                 let out = layout.logs.join("examples").join(&label);
-                let mut args: Vec<String> = words(run.args);
-                if run.epochs {
+                let mut args = words(args);
+                if epochs {
                     args.extend(["--epochs".into(), opts.epochs.to_string()]);
                 }
                 args.extend(["--out".into(), path_arg(&out)]);
-                let binary = layout.binary(binaries::find(run.binary)?)?;
-                let mut step = direct(stage, &label, binary, args, timeout);
-                step.report = Report::Example(out);
-                groups.push(one(step));
+                let step = direct(stage, &label, layout.binary(binary)?, args);
+                let report = Report::Example(out);
+                groups.push(one(Step { report, ..step }));
             }
             groups
         }
         Stage::Fuzz => {
-            let programs = opts.fuzz_programs.unwrap_or(100).to_string();
-            let fuzz = binaries::select(&["fuzz"])?;
-            let expr = expression(&fuzz, Some("test(/::gpu::/)".into()), opts, layout.gpus);
-            let env = vec![
-                ("FUZZ_KEEP_GOING".into(), "1".into()),
-                ("FUZZ_PROGRAMS".into(), programs),
-            ];
-            let mut groups = vec![one(nextest(
-                layout,
-                stage,
-                "fuzz",
-                Profile::Gpu,
-                expr,
-                Some(opts.threads.unwrap_or(2)),
-                env,
-                timeout,
-            ))];
+            let expr = expr(&stage.binaries(opts), Some("test(/::gpu::/)"))?;
+            let step = nextest("fuzz", GPU, Some(opts.threads.unwrap_or(2)), expr);
+            let env = fuzz_env(opts.fuzz_programs.unwrap_or(100));
+            let mut groups = vec![one(Step { env, ..step })];
             if !opts.trace_seeds.is_empty() {
-                groups.push(fuzz_traces(layout, opts, fuzz[0])?);
+                groups.push(fuzz_traces(layout, opts)?);
             }
             groups
         }
         Stage::Reliability => {
-            let programs = opts.fuzz_programs.unwrap_or(300).to_string();
-            let all = binaries::select(&["fuzz", "threads", "shared_embedding"])?;
-            let expr = expression(&all, Some("test(/::gpu::/)".into()), opts, layout.gpus);
-            let env = vec![
-                ("FUZZ_KEEP_GOING".into(), "1".into()),
-                ("FUZZ_PROGRAMS".into(), programs),
-            ];
-            let fuzz = binaries::select(&["fuzz"])?;
-            let memcheck_expr = expression(
-                &fuzz,
-                Some("test(/::gpu::fused_/)".into()),
-                opts,
-                layout.gpus,
-            );
+            let all = expr(&stage.binaries(opts), Some("test(/::gpu::/)"))?;
+            let all = nextest("reliability", GPU, Some(opts.threads.unwrap_or(8)), all);
+            let fuzz = expr(&["fuzz"], Some("test(/::gpu::fused_/)"))?;
+            let fuzz = nextest("reliability-memcheck", MEMCHECK, None, fuzz);
             vec![vec![
-                nextest(
-                    layout,
-                    stage,
-                    "reliability",
-                    Profile::Gpu,
-                    expr,
-                    Some(opts.threads.unwrap_or(8)),
-                    env,
-                    timeout,
-                ),
-                nextest(
-                    layout,
-                    stage,
-                    "reliability-memcheck",
-                    Profile::Memcheck,
-                    memcheck_expr,
-                    None,
-                    vec![("FUZZ_PROGRAMS".into(), "20".into())],
-                    timeout,
-                ),
+                Step {
+                    env: fuzz_env(opts.fuzz_programs.unwrap_or(300)),
+                    ..all
+                },
+                Step {
+                    env: env(&[("FUZZ_PROGRAMS", "20")]),
+                    ..fuzz
+                },
             ]]
         }
         Stage::Cold => {
-            let trainer = layout.binary(binaries::find("gpu_trainer")?)?;
+            let trainer = layout.binary("gpu_trainer")?;
             let mut group = Vec::new();
             for (k, filter) in opts.cold_filters.iter().enumerate() {
                 for i in 0..opts.procs {
                     let label = format!("cold-{k}-{i}");
-                    let mut args = words(&["--ignored", "--test-threads=1", "--nocapture"]);
-                    args.extend(filter.split_whitespace().map(String::from));
-                    let mut step = direct(stage, &label, trainer.clone(), args, timeout);
-                    step.dir = Dir::Fresh {
-                        dir: layout.work.join("fresh").join(&label),
-                        autotune_log: false,
-                    };
-                    group.push(step);
+                    let tests = filter.split_whitespace().map(String::from);
+                    group.push(fresh(layout, stage, &label, &trainer, tests, false));
                 }
             }
             vec![group]
@@ -591,93 +495,57 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
     })
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Profile {
-    Gpu,
-    Memcheck,
-}
-
-impl Profile {
-    fn name(self) -> &'static str {
-        match self {
-            Profile::Gpu => "gpu",
-            Profile::Memcheck => "gpu-memcheck",
-        }
-    }
-}
-
-fn tests_step(
-    layout: &Layout,
-    opts: &StageOptions,
-    stage: Stage,
-    label: &str,
-    threads: Option<usize>,
-) -> Result<Step, String> {
-    let bins = binaries::select(&Stage::Tests.binaries(opts))?;
-    let expr = expression(&bins, None, opts, layout.gpus);
-    Ok(nextest(
-        layout,
-        stage,
-        label,
-        Profile::Gpu,
-        expr,
-        threads,
-        vec![],
-        stage.timeout_s(),
-    ))
-}
-
-/// The small runtime tests (their parity children followed), the capture suite, and
-/// four trainer modules at a tenth of their steps (`GPU_TRAINER_SHORT`).
-fn memcheck_step(
-    layout: &Layout,
-    opts: &StageOptions,
-    stage: Stage,
-    label: &str,
-) -> Result<Step, String> {
-    let bins = binaries::select(&Stage::Memcheck.binaries(opts))?;
-    let runtime = binaries::find("gpu_runtime")?.selector();
-    let capture = binaries::find("gpu_capture")?.selector();
-    let trainer = binaries::find("gpu_trainer")?.selector();
-    let default = format!(
-        "({runtime} & (test(smoke) | test(random_and_sync) | test(op_parity) | test(lstm_parity_small))) \
-         | {capture} | ({trainer} & test(/^(guards|correctness|memory|inputs)::/))"
+/// Memcheck's selection: the small runtime tests (their parity children followed), the
+/// capture suite, and four trainer modules (run at a tenth of their steps,
+/// `GPU_TRAINER_SHORT`).
+///
+/// Not the runtime's `t1_smoke_add_matmul_matches_burn_cuda` or `t4_op_parity_fused`
+/// (the `tests` stage runs them): under compute-sanitizer stock burn-cuda's matmul
+/// autotune picks a TF32 kernel, so their stock reference differs (rel err 2.5e-4),
+/// which fails them for a reason that is not a memory error.
+fn memcheck_default() -> Result<String, String> {
+    let selector = |name| binaries::find(name).map(Binary::selector);
+    let (runtime, capture, trainer) = (
+        selector("gpu_runtime")?,
+        selector("gpu_capture")?,
+        selector("gpu_trainer")?,
     );
-    let expr = expression(&bins, Some(default), opts, layout.gpus);
-    let env = vec![("GPU_TRAINER_SHORT".into(), "1".into())];
-    Ok(nextest(
-        layout,
-        stage,
-        label,
-        Profile::Memcheck,
-        expr,
-        opts.threads,
-        env,
-        stage.timeout_s(),
+    Ok(format!(
+        "({runtime} & (test(random_and_sync) | test(op_parity_plain) | test(lstm_parity_small))) \
+         | {capture} | ({trainer} & test(/^(guards|correctness|memory|inputs)::/))"
     ))
+}
+
+/// The fuzzer keeps going past a failing program, over this many per stack.
+fn fuzz_env(programs: u32) -> Vec<(String, String)> {
+    env(&[
+        ("FUZZ_KEEP_GOING", "1"),
+        ("FUZZ_PROGRAMS", &programs.to_string()),
+    ])
 }
 
 /// The filterset of a nextest step: the binaries' tests, narrowed by the user's
 /// filterset and name filters (or else the stage's default selection) and `--stack`,
 /// without the tests this machine cannot run.
-pub fn expression(
-    binaries: &[&Binary],
-    default: Option<String>,
+fn expression(
+    names: &[&str],
+    default: Option<&str>,
     opts: &StageOptions,
     gpus: usize,
-) -> String {
-    let selection: Vec<String> = binaries.iter().map(|b| b.selector()).collect();
+) -> Result<String, String> {
+    let selection: Vec<String> = binaries::select(names)?
+        .iter()
+        .map(|b| b.selector())
+        .collect();
     let mut parts = vec![selection.join(" | ")];
     let mut user = Vec::new();
-    if let Some(expr) = &opts.filterset {
-        user.push(expr.clone());
-    }
+    user.extend(opts.filterset.clone());
     if !opts.filters.is_empty() {
         let names: Vec<String> = opts.filters.iter().map(|f| format!("test(~{f})")).collect();
         user.push(names.join(" | "));
     }
     if user.is_empty() {
-        parts.extend(default);
+        parts.extend(default.map(String::from));
     } else {
         parts.extend(user);
     }
@@ -690,82 +558,66 @@ pub fn expression(
             "test(/::{name}::/) | test(/::gpu::(\\w+_)?{name}_/)"
         ));
     }
-    if let Ok(trainer) = binaries::find("gpu_trainer") {
-        let trainer = trainer.selector();
-        // A rank process of `killed_rank_process_is_a_typed_error_on_its_peer`, not a test.
-        parts.push(format!("not ({trainer} & test(=two_gpus::rank_process))"));
-        if gpus < 2 {
-            parts.push(format!("not ({trainer} & test(/^two_gpus::/))"));
-        }
+    let trainer = binaries::find("gpu_trainer")?.selector();
+    // A rank process of `killed_rank_process_is_a_typed_error_on_its_peer`, not a test.
+    parts.push(format!("not ({trainer} & test(=two_gpus::rank_process))"));
+    if gpus < 2 {
+        parts.push(format!("not ({trainer} & test(/^two_gpus::/))"));
     }
-    parts
-        .iter()
-        .map(|p| format!("({p})"))
-        .collect::<Vec<_>>()
-        .join(" & ")
+    let parts: Vec<String> = parts.iter().map(|p| format!("({p})")).collect();
+    Ok(parts.join(" & "))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A nextest run of `expr` from the unpacked archive, in a workspace of its own.
 fn nextest(
     layout: &Layout,
     stage: Stage,
     label: &str,
-    profile: Profile,
-    expr: String,
+    profile: &str,
     threads: Option<usize>,
-    env: Vec<(String, String)>,
-    timeout_s: u64,
+    expr: String,
 ) -> Step {
     let workspace = layout.work.join("nextest").join(label);
     let target = layout.nextest_target();
-    let meta = target.join("nextest");
-    let mut args = words(&["nextest", "run"]);
-    let pairs = [
-        (
-            "--binaries-metadata",
-            path_arg(&meta.join("binaries-metadata.json")),
-        ),
-        (
-            "--cargo-metadata",
-            path_arg(&meta.join("cargo-metadata.json")),
-        ),
-        ("--target-dir-remap", path_arg(&target)),
-        ("--workspace-remap", path_arg(&workspace)),
-        (
-            "--config-file",
-            path_arg(&layout.repo.join(".config/nextest.toml")),
-        ),
-        ("--user-config-file", "none".into()),
-        ("--profile", profile.name().into()),
-        ("--run-ignored", "only".into()),
-        ("--color", "never".into()),
-    ];
-    for (flag, value) in pairs {
-        args.extend([flag.to_string(), value]);
-    }
+    let meta = |file: &str| path_arg(&target.join("nextest").join(file));
+    let mut args = words(&[
+        "nextest",
+        "run",
+        "--binaries-metadata",
+        &meta("binaries-metadata.json"),
+        "--cargo-metadata",
+        &meta("cargo-metadata.json"),
+        "--target-dir-remap",
+        &path_arg(&target),
+        "--workspace-remap",
+        &path_arg(&workspace),
+        "--config-file",
+        &path_arg(&layout.repo.join(".config/nextest.toml")),
+        "--user-config-file",
+        "none",
+        "--profile",
+        profile,
+        "--run-ignored",
+        "only",
+        "--color",
+        "never",
+    ]);
     if let Some(threads) = threads {
         args.extend(["--test-threads".into(), threads.to_string()]);
     }
     args.extend(["-E".into(), expr]);
-    let junit = workspace
-        .join("target/nextest")
-        .join(profile.name())
-        .join("junit.xml");
+    let junit = workspace.join(format!("target/nextest/{profile}/junit.xml"));
+    let program = layout.unpacked().join("cargo-nextest");
     Step {
-        stage,
-        label: label.into(),
-        program: layout.unpacked().join("cargo-nextest"),
-        args,
-        env,
         dir: Dir::Nextest(workspace),
-        timeout_s,
-        log: format!("{label}.log"),
-        append: false,
         report: Report::JUnit(junit),
+        ..direct(stage, label, program, args)
     }
 }
 
-fn direct(stage: Stage, label: &str, program: PathBuf, args: Vec<String>, timeout_s: u64) -> Step {
+/// A step run as it is, in the shared folder, with the stage's time limit and a log of
+/// its own.
+fn direct(stage: Stage, label: &str, program: PathBuf, args: Vec<String>) -> Step {
     Step {
         stage,
         label: label.into(),
@@ -773,34 +625,47 @@ fn direct(stage: Stage, label: &str, program: PathBuf, args: Vec<String>, timeou
         args,
         env: vec![],
         dir: Dir::Shared,
-        timeout_s,
+        timeout_s: stage.timeout_s(),
         log: format!("{label}.log"),
         append: false,
         report: Report::Exit,
     }
 }
 
+/// A test binary run by itself on the tests `filters` names, one thread, in a fresh
+/// folder with empty caches.
+fn fresh(
+    layout: &Layout,
+    stage: Stage,
+    label: &str,
+    binary: &Path,
+    filters: impl IntoIterator<Item = String>,
+    autotune_log: bool,
+) -> Step {
+    let mut args = words(&["--ignored", "--test-threads=1", "--nocapture"]);
+    args.extend(filters);
+    let dir = layout.work.join("fresh").join(label);
+    Step {
+        dir: Dir::Fresh { dir, autotune_log },
+        ..direct(stage, label, binary.to_path_buf(), args)
+    }
+}
+
 /// One process per size: eager memory is the growth of fresh pools, so a size run after
 /// a larger one in the same process would find its pages already reserved.
 fn speed(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
-    let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
-    let log = suffixed("speed", opts, "log");
+    let bench = layout.binary("gpu_graph_speed")?;
+    let suffix = label_suffix(opts);
     let mut groups = Vec::new();
     for size in opts.sizes.split(',').filter(|s| !s.is_empty()) {
-        let label = suffixed(&format!("speed-{}", dashed(size)), opts, "");
+        let label = format!("speed-{}{suffix}", size.replace('/', "-"));
         let mut args = vec![size.to_string()];
         args.extend(opts.stacks.clone());
-        let mut step = direct(
-            Stage::Speed,
-            &label,
-            bench.clone(),
-            args,
-            Stage::Speed.timeout_s(),
-        );
-        step.log = log.clone();
-        step.append = true;
-        step.report = Report::Speed;
-        groups.push(vec![step]);
+        groups.push(vec![Step {
+            log: format!("speed{suffix}.log"),
+            append: true,
+            ..direct(Stage::Speed, &label, bench.clone(), args)
+        }]);
     }
     Ok(groups)
 }
@@ -808,11 +673,12 @@ fn speed(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
 /// ncu replays each kernel of the profiled step with the caches flushed, summing
 /// gpu__time_duration (as for the anchors in bench/results).
 fn ncu(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
-    let bench = layout.binary(binaries::find("gpu_graph_speed")?)?;
+    let bench = path_arg(&layout.binary("gpu_graph_speed")?);
+    let suffix = label_suffix(opts);
     let mut groups = Vec::new();
     for target in &opts.ncu_targets {
         for size in &opts.ncu_sizes {
-            let label = suffixed(&format!("ncu-{target}-{}", dashed(size)), opts, "");
+            let label = format!("ncu-{target}-{}{suffix}", size.replace('/', "-"));
             let csv = layout.logs.join(format!("{label}.csv"));
             let mut args = words(&[
                 "--profile-from-start",
@@ -828,27 +694,18 @@ fn ncu(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
             if let Some(flags) = &opts.ncu_flags {
                 args.extend(flags.split_whitespace().map(String::from));
             }
-            args.extend(["--log-file".into(), path_arg(&csv), path_arg(&bench)]);
-            args.extend(["profile".into(), target.clone(), size.clone()]);
-            let name = match &opts.label {
-                Some(suffix) => format!("{target}-{suffix}"),
-                None => target.clone(),
+            args.extend(words(&["--log-file", &path_arg(&csv), &bench]));
+            args.extend(words(&["profile", target, size]));
+            let report = Report::Ncu {
+                csv,
+                label: format!("{target}{suffix}"),
+                size: size.clone(),
             };
             groups.push(vec![Step {
-                stage: Stage::Ncu,
-                label,
-                program: "ncu".into(),
-                args,
-                env: vec![],
-                dir: Dir::Shared,
-                timeout_s: Stage::Ncu.timeout_s(),
-                log: suffixed("ncu-run", opts, "log"),
+                log: format!("ncu-run{suffix}.log"),
                 append: true,
-                report: Report::Ncu {
-                    csv,
-                    label: name,
-                    size: size.clone(),
-                },
+                report,
+                ..direct(Stage::Ncu, &label, "ncu".into(), args)
             }]);
         }
     }
@@ -856,47 +713,30 @@ fn ncu(layout: &Layout, opts: &StageOptions) -> Result<Vec<Group>, String> {
 }
 
 fn torch(layout: &Layout) -> Step {
-    let script = layout.repo.join("bench/anchors/torch_anchor.py");
-    let mut step = direct(
-        Stage::Torch,
-        "torch",
-        "python3".into(),
-        vec![path_arg(&script)],
-        Stage::Torch.timeout_s(),
-    );
-    step.env = vec![("PYTHONUNBUFFERED".into(), "1".into())];
-    step.report = Report::Torch;
-    step
+    let script = path_arg(&layout.repo.join("bench/anchors/torch_anchor.py"));
+    let step = direct(Stage::Torch, "torch", "python3".into(), vec![script]);
+    let env = env(&[("PYTHONUNBUFFERED", "1")]);
+    Step { env, ..step }
 }
 
 /// Each stack and seed in a fresh process: every event of the graphed and the eager run
 /// (`FUZZ_TRACE`), and which kernels each step tuned first (CubeCL's autotune log).
-fn fuzz_traces(layout: &Layout, opts: &StageOptions, fuzz: &Binary) -> Result<Group, String> {
-    let binary = layout.binary(fuzz)?;
-    let prefix = fuzz.filter.unwrap_or_default();
+fn fuzz_traces(layout: &Layout, opts: &StageOptions) -> Result<Group, String> {
+    let binary = layout.binary("fuzz")?;
+    let prefix = binaries::find("fuzz")?.filter.unwrap_or_default();
     let mut group = Vec::new();
     for stack in ["fused", "cube"] {
         for seed in &opts.trace_seeds {
             let label = format!("fuzz-trace-{stack}-{seed}");
-            let mut args = words(&["--ignored", "--test-threads=1", "--nocapture"]);
-            args.push(format!("{prefix}gpu::{stack}_"));
-            let mut step = direct(
-                Stage::Fuzz,
-                &label,
-                binary.clone(),
-                args,
-                Stage::Fuzz.timeout_s(),
-            );
-            step.env = vec![
-                ("FUZZ_TRACE".into(), "1".into()),
-                ("FUZZ_SEED".into(), seed.to_string()),
-                ("FUZZ_PROGRAMS".into(), "1".into()),
-            ];
-            step.dir = Dir::Fresh {
-                dir: layout.work.join("fresh").join(&label),
-                autotune_log: true,
-            };
-            group.push(step);
+            let test = format!("{prefix}gpu::{stack}_");
+            let step = fresh(layout, Stage::Fuzz, &label, &binary, [test], true);
+            let seed = seed.to_string();
+            let env = env(&[
+                ("FUZZ_TRACE", "1"),
+                ("FUZZ_SEED", &seed),
+                ("FUZZ_PROGRAMS", "1"),
+            ]);
+            group.push(Step { env, ..step });
         }
     }
     Ok(group)
@@ -906,43 +746,24 @@ fn words(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
-fn path_arg(path: &Path) -> String {
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    (pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+}
+
+pub fn path_arg(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// A size as a file-name part: 32/64/256 → 32-64-256.
-fn dashed(size: &str) -> String {
-    size.replace('/', "-")
-}
-
-/// `base[-label][.ext]`
-fn suffixed(base: &str, opts: &StageOptions, ext: &str) -> String {
-    let mut name = base.to_string();
-    if let Some(label) = &opts.label {
-        name.push('-');
-        name.push_str(label);
-    }
-    if !ext.is_empty() {
-        name.push('.');
-        name.push_str(ext);
-    }
-    name
+/// `-LABEL` for the file names of speed and ncu runs, when `--label` gives one.
+fn label_suffix(opts: &StageOptions) -> String {
+    opts.label
+        .as_ref()
+        .map_or(String::new(), |l| format!("-{l}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        opts: StageOptions,
-    }
-
-    fn opts(args: &[&str]) -> StageOptions {
-        Cli::parse_from(std::iter::once("x").chain(args.iter().copied())).opts
-    }
 
     fn layout(gpus: usize) -> Layout {
         let mut test_binaries = BTreeMap::new();
@@ -962,7 +783,7 @@ mod tests {
     }
 
     fn steps(stage: Stage, args: &[&str]) -> Vec<Vec<Step>> {
-        plan(stage, &opts(args), &layout(1)).unwrap()
+        plan(stage, &StageOptions::parse(args), &layout(1)).unwrap()
     }
 
     #[test]
@@ -997,7 +818,7 @@ mod tests {
 
     #[test]
     fn two_gpus_tests_run_where_two_gpus_are() {
-        let groups = plan(Stage::Tests, &opts(&[]), &layout(2)).unwrap();
+        let groups = plan(Stage::Tests, &StageOptions::parse(&[]), &layout(2)).unwrap();
         let expr = groups[0][0].args.last().unwrap().clone();
         assert!(expr.contains("rank_process"));
         assert!(!expr.contains("/^two_gpus::/"));
@@ -1040,6 +861,35 @@ mod tests {
         let expr = step.args.last().unwrap();
         assert!(expr.contains("& (test(both_recurrences)) &"));
         assert!(!expr.contains("guards"));
+    }
+
+    /// nextest's `test(x)` selects the tests whose names contain `x`.
+    #[test]
+    fn memcheck_leaves_out_the_runtime_tests_tf32_moves_and_tests_keeps_them() {
+        let expr = |stage| steps(stage, &[])[0][0].args.last().unwrap().clone();
+        let runtime = "binary_id(burn-graph-capture::gpu_runtime)";
+        let memcheck = expr(Stage::Memcheck);
+        let (_, clause) = memcheck.split_once(&format!("({runtime} & (")).unwrap();
+        let names: Vec<&str> = (clause.split("))").next().unwrap().split(" | "))
+            .map(|t| t.trim_start_matches("test(").trim_end_matches(')'))
+            .collect();
+        let runs = |test: &str| names.iter().any(|n| test.contains(n));
+        let kept = [
+            "t2_random_and_sync_work",
+            "t3_op_parity_plain",
+            "t5_lstm_parity_small",
+        ];
+        assert!(kept.into_iter().all(runs));
+        let left_out = [
+            "t1_smoke_add_matmul_matches_burn_cuda",
+            "t4_op_parity_fused",
+        ];
+        assert!(!left_out.into_iter().any(runs));
+        // `tests` runs all of gpu_runtime: only the trainer's selection is narrowed.
+        let tests = expr(Stage::Tests);
+        let mut parts = tests.split(") & (");
+        assert!(parts.next().unwrap().starts_with(&format!("({runtime} | ")));
+        assert!(parts.all(|p| p.starts_with("not (binary_id(integration-tests::gpu_trainer)")));
     }
 
     #[test]
@@ -1154,7 +1004,7 @@ mod tests {
         assert!(
             plan(
                 Stage::Racecheck,
-                &opts(&["--racecheck", "fused"]),
+                &StageOptions::parse(&["--racecheck", "fused"]),
                 &layout(1)
             )
             .is_err()
@@ -1174,7 +1024,10 @@ mod tests {
             ]
         );
         assert_eq!(
-            Stage::Examples.binaries(&opts(&["--examples", "lstm,charlm,lstm-fused"])),
+            Stage::Examples.binaries(&StageOptions::parse(&[
+                "--examples",
+                "lstm,charlm,lstm-fused"
+            ])),
             ["charlm", "lstm"]
         );
     }
@@ -1196,7 +1049,7 @@ mod tests {
 
     #[test]
     fn every_stage_plans_and_names_packed_binaries() {
-        let defaults = opts(&[]);
+        let defaults = StageOptions::parse(&[]);
         for stage in Stage::value_variants() {
             plan(*stage, &defaults, &layout(1)).unwrap();
             binaries::select(&stage.binaries(&defaults)).unwrap();

@@ -227,14 +227,20 @@ pub fn markdown(header: &[String], results: &[StepResult], extra: &[String]) -> 
     out
 }
 
-/// The table the speed bench prints last (from its `| b/t/h` header on).
-pub fn speed_table(log: &str) -> Option<String> {
-    let start = log.find("| b/t/h")?;
-    let table: Vec<&str> = log[start..]
-        .lines()
-        .take_while(|l| l.starts_with('|'))
-        .collect();
-    Some(table.join("\n"))
+/// The speed bench's tables in a log (from each `| b/t/h` header on; one per process,
+/// so one per size), merged: the first table's header, then every table's rows.
+pub fn speed_rows(log: &str) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut rest = log;
+    while let Some(start) = rest.find("| b/t/h") {
+        let table: Vec<&str> = (rest[start..].lines())
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        rest = &rest[start + table.join("\n").len()..];
+        let header = if rows.is_empty() { 0 } else { 2 };
+        rows.extend(table.iter().skip(header).map(|l| l.to_string()));
+    }
+    rows
 }
 
 /// compute-sanitizer's closing line (`ERROR SUMMARY`, `RACECHECK SUMMARY`).
@@ -243,11 +249,6 @@ pub fn sanitizer_summary(log: &str) -> Option<String> {
         .rev()
         .find(|l| l.contains(" SUMMARY: "))
         .map(|l| l.trim_start_matches("========= ").trim().to_string())
-}
-
-/// Sizes with binary units (for `gpu pack`'s size table).
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 #[cfg(test)]
@@ -362,11 +363,18 @@ running 1 test
 
     #[test]
     fn tables_and_sanitizer_lines_are_found_in_logs() {
-        let log = "{\"bench\":\"speed\"}\n| b/t/h | stack | ms |\n|---|---|---|\n| 32/64/256 | fused | 1.9 |\n\ndone\n";
+        let log = "{\"bench\":\"speed\"}\n| b/t/h | stack | ms |\n|---|---|---|\n| 32/64/256 | fused | 1.9 |\n\ndone\n\
+                   | b/t/h | stack | ms |\n|---|---|---|\n| 8/64/128 | fused | 0.8 |\n";
         assert_eq!(
-            speed_table(log).unwrap(),
-            "| b/t/h | stack | ms |\n|---|---|---|\n| 32/64/256 | fused | 1.9 |"
+            speed_rows(log),
+            [
+                "| b/t/h | stack | ms |",
+                "|---|---|---|",
+                "| 32/64/256 | fused | 1.9 |",
+                "| 8/64/128 | fused | 0.8 |"
+            ]
         );
+        assert!(speed_rows("no table\n").is_empty());
         let log = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n";
         assert_eq!(
             sanitizer_summary(log).unwrap(),
