@@ -354,6 +354,8 @@ const MEMCHECK: &str = "gpu-memcheck";
 
 /// The groups of one stage.
 pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Group>, String> {
+    // A name the table does not know is an error here, not an empty selection there.
+    binaries::select(&opts.bins)?;
     let one = |step: Step| vec![step];
     let expr =
         |names: &[&str], default: Option<&str>| expression(names, default, opts, layout.gpus);
@@ -1045,6 +1047,25 @@ mod tests {
             "/w/pack/t/gpu_trainer --ignored --test-threads=1 --nocapture a::x a::y"
         );
         assert!(matches!(&groups[0][5].dir, Dir::Fresh { dir, .. } if dir.ends_with("cold-1-2")));
+    }
+
+    #[test]
+    fn an_unknown_binary_is_refused_when_planning() {
+        let error = plan(
+            Stage::Tests,
+            &StageOptions::parse(&["--bins", "nope"]),
+            &layout(1),
+        )
+        .unwrap_err();
+        assert!(error.contains("no binary named nope"), "{error}");
+        assert!(
+            plan(
+                Stage::Tests,
+                &StageOptions::parse(&["--bins", "gpu_runtime"]),
+                &layout(1)
+            )
+            .is_ok()
+        );
     }
 
     #[test]
