@@ -82,7 +82,7 @@ impl Stage {
                 let mut names: Vec<&'static str> = opts
                     .examples
                     .iter()
-                    .filter_map(|run| example_run(run).ok().map(|r| r.1))
+                    .filter_map(|run| example_run(run).ok().map(|(_, binary, _, _)| binary))
                     .collect();
                 names.sort();
                 names.dedup();
@@ -222,9 +222,9 @@ const EXAMPLE_RUNS: [ExampleRun; 5] = [
 fn example_run(name: &str) -> Result<ExampleRun, String> {
     EXAMPLE_RUNS
         .into_iter()
-        .find(|r| r.0 == name)
+        .find(|(run, ..)| *run == name)
         .ok_or_else(|| {
-            let names: Vec<_> = EXAMPLE_RUNS.iter().map(|r| r.0).collect();
+            let names: Vec<_> = EXAMPLE_RUNS.iter().map(|(run, ..)| *run).collect();
             format!("no example run {name} (known: {})", names.join(", "))
         })
 }
