@@ -1,5 +1,8 @@
 //! Why a data-parallel group cannot go on: typed, so that a rank learns which peer failed
 //! and how, instead of waiting forever in a collective.
+//!
+//! Each error's words are whole (they include what lies under them, as the runtime's
+//! errors do), and what lies under them is also their `source()`, typed.
 
 use std::fmt;
 
@@ -45,7 +48,7 @@ pub enum DistError {
     /// A rank failed inside a step, where its peers may already have entered the step's
     /// collectives: the group was aborted. The rank's error is the source: whole where
     /// it was handed over in this process, as its text where it crossed between ranks.
-    #[error("rank {rank} failed inside a step; the group was aborted")]
+    #[error("rank {rank} failed inside a step: {cause}; the group was aborted")]
     RankFailed {
         /// The failed rank.
         rank: usize,
@@ -99,7 +102,7 @@ pub enum Disagreement {
         expected: usize,
     },
     /// A rank's parameter list could not be read.
-    #[error("rank {rank}'s parameter list could not be read")]
+    #[error("rank {rank}'s parameter list could not be read: {cause}")]
     UnreadableParameters {
         /// The rank.
         rank: usize,
@@ -126,7 +129,7 @@ pub enum Disagreement {
 pub enum CollectiveFailure {
     /// The GPU runtime refused it (NCCL not found, an NCCL call failed, the rank's
     /// communicator is gone); the runtime's error is the source.
-    #[error("the GPU runtime refused it")]
+    #[error("the GPU runtime refused it: {0}")]
     Runtime(#[source] Cause),
     /// Rank 0 could not make the group's NCCL id, so no rank can join.
     #[error("rank 0 could not make an NCCL id (is NCCL available there?)")]
@@ -152,10 +155,10 @@ pub enum CollectiveFailure {
     #[error("no sum on fused stacks")]
     NoFusedSum,
     /// A tensor's values could not be read to the host for a host collective.
-    #[error("a tensor could not be read for a host collective")]
+    #[error("a tensor could not be read for a host collective: {0}")]
     TensorRead(#[source] Cause),
     /// The group's TCP connections failed.
-    #[error("the group's TCP link failed while {0}")]
+    #[error("the group's TCP link failed while {0}: {1}")]
     Link(LinkStep, #[source] Cause),
 }
 

@@ -577,7 +577,7 @@ mod tests {
         let failure = error.source().expect("the collective's failure");
         assert_eq!(
             failure.to_string(),
-            "the group's TCP link failed while listening"
+            format!("the group's TCP link failed while listening: {io}")
         );
         assert_eq!(
             failure.source().map(ToString::to_string),

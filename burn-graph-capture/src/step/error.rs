@@ -51,7 +51,7 @@ pub enum StepError {
     ModelTakenOut,
     /// Data-parallel training: another rank refused this step (bad input there), so no
     /// rank ran it. Every rank stays usable.
-    #[error("rank {rank} refused this step")]
+    #[error("rank {rank} refused this step: {error}")]
     PeerRefused {
         /// The lowest refusing rank.
         rank: usize,

@@ -21,7 +21,7 @@ type GroupAverage<B> = fn(Vec<FloatTensor<B>>, &RankLink) -> Result<Vec<FloatTen
 
 /// A peer's message this rank could not read (a peer of another version?).
 #[derive(Debug, thiserror::Error)]
-#[error("a peer's message could not be read")]
+#[error("a peer's message could not be read: {0}")]
 struct UnreadableMessage(#[source] serde_json::Error);
 
 /// How a rank's capture came out, as its peers learn it before launching.
