@@ -16,7 +16,7 @@ pub enum GraphError {
     #[error("this backend has no arena for pinned tensors")]
     NoArena,
     /// Source and destination of a pinned copy are not the same kind of tensor.
-    #[error("pinned copy mismatch")]
+    #[error("pinned copy mismatch: {0}")]
     CopyMismatch(#[from] CopyMismatch),
     /// A copy into a pinned buffer whose values would lie otherwise there than in the
     /// source (other strides). Kernels, and their rounding, follow strides
@@ -39,7 +39,7 @@ pub enum GraphError {
     /// The driver or runtime refused a capture, instantiate or replay call. Its cause is
     /// the runtime's own error (the CUDA runtime's `CaptureError`, reached with
     /// [`Cause::downcast_ref`]).
-    #[error("graph runtime error ({kind:?})")]
+    #[error("graph runtime error ({kind:?}): {cause}")]
     Runtime {
         /// What failed, for code that reacts to it.
         kind: RuntimeFailure,
@@ -135,6 +135,10 @@ mod tests {
             kind: RuntimeFailure::Driver,
             cause: Cause::new(Outer(Inner)),
         };
+        assert_eq!(
+            err.to_string(),
+            "graph runtime error (Driver): outer failure"
+        );
         let cause = err.source().expect("a source");
         assert_eq!(cause.to_string(), "outer failure");
         assert_eq!(
@@ -169,7 +173,10 @@ mod tests {
     #[test]
     fn a_copy_mismatch_is_the_source_of_its_graph_error() {
         let err = GraphError::from(CopyMismatch::StateGrew);
-        assert_eq!(err.to_string(), "pinned copy mismatch");
+        assert_eq!(
+            err.to_string(),
+            "pinned copy mismatch: the optimizer state grew"
+        );
         assert_eq!(
             err.source().unwrap().to_string(),
             "the optimizer state grew"
