@@ -284,17 +284,29 @@ mod tests {
         let group = DataParallel::new(2, &DataParallelConfig::new()).unwrap();
         let first = group.member(1).unwrap();
         assert_eq!((first.rank(), first.world()), (1, 2));
-        assert!(matches!(group.member(1), Err(DistError::InvalidUse(_))));
-        assert!(matches!(group.member(2), Err(DistError::InvalidUse(_))));
-        assert!(matches!(group.members(), Err(DistError::InvalidUse(_))));
-        assert!(matches!(
-            DataParallel::new(0, &DataParallelConfig::new()),
-            Err(DistError::InvalidUse(_))
-        ));
-        assert!(matches!(
-            DataParallel::new(2, &DataParallelConfig::new().with_timeout_secs(0.0)),
-            Err(DistError::InvalidUse(_))
-        ));
+        fn misuse<T>(result: Result<T, DistError>) -> GroupMisuse {
+            match result {
+                Err(DistError::InvalidUse(misuse)) => misuse,
+                other => panic!("{:?}", other.map(|_| ())),
+            }
+        }
+        assert_eq!(misuse(group.member(1)), GroupMisuse::RankTaken { rank: 1 });
+        assert_eq!(
+            misuse(group.member(2)),
+            GroupMisuse::RankOutOfRange { rank: 2, world: 2 }
+        );
+        assert_eq!(misuse(group.members()), GroupMisuse::RankTaken { rank: 1 });
+        assert_eq!(
+            misuse(DataParallel::new(0, &DataParallelConfig::new())),
+            GroupMisuse::NoRanks
+        );
+        assert_eq!(
+            misuse(DataParallel::new(
+                2,
+                &DataParallelConfig::new().with_timeout_secs(0.0)
+            )),
+            GroupMisuse::BadTimeout { secs: 0.0 }
+        );
     }
 
     #[test]

@@ -588,6 +588,50 @@ mod tests {
         assert_eq!(crossed, error, "the same failure, read the same");
     }
 
+    /// Rank 0 of a group of 2 meets a rank that joins a group of 3, then a connection
+    /// that never says hello as a rank: each is its typed error, not a hang.
+    #[test]
+    fn rank_0_refuses_another_world_size_and_a_stranger() {
+        let port = free_port();
+        let hub = std::thread::spawn(move || {
+            TcpMeeting::connect(("127.0.0.1", port), 0, 2, Duration::from_secs(20))
+        });
+        let _other = connect_to_hub(
+            ("127.0.0.1", port),
+            1,
+            3,
+            Instant::now() + Duration::from_secs(20),
+        )
+        .unwrap();
+        let Err(error) = hub.join().unwrap() else {
+            panic!("rank 0 accepted a rank of a group of 3");
+        };
+        assert_eq!(
+            error,
+            DistError::Mismatch(Disagreement::WorldSize {
+                rank: 1,
+                theirs: 3,
+                ours: 2
+            })
+        );
+
+        let port = free_port();
+        let hub = std::thread::spawn(move || {
+            TcpMeeting::connect(("127.0.0.1", port), 0, 2, Duration::from_secs(20))
+        });
+        let mut stranger = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(stream) => break stream,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        write_frame(&mut stranger, PAYLOAD, b"GET / HTTP/1.1").unwrap();
+        let Err(error) = hub.join().unwrap() else {
+            panic!("rank 0 accepted a stranger");
+        };
+        assert_eq!(error, DistError::InvalidUse(GroupMisuse::Stranger));
+    }
+
     #[test]
     fn a_rank_beyond_the_world_is_refused_before_connecting() {
         let Err(error) =
