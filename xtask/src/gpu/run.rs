@@ -313,7 +313,9 @@ fn next_free(dir: &Path, base: &str) -> PathBuf {
         .expect("some name is free")
 }
 
-/// Labels name logs and workspaces: a stage run twice gets `-2` on its second labels.
+/// Labels name logs and folders: a stage run twice gets `-2` on its second labels, and
+/// the folders named after a label (a nextest workspace, a fresh folder, an example's
+/// `--out`) follow it, with the arguments and the JUnit path that name them.
 fn unique_labels(lanes: &mut [VecDeque<Vec<Step>>]) {
     let mut seen = BTreeSet::new();
     for step in lanes.iter_mut().flatten().flatten() {
@@ -322,25 +324,41 @@ fn unique_labels(lanes: &mut [VecDeque<Vec<Step>>]) {
         while !seen.insert(step.label.clone()) {
             n += 1;
             step.label = format!("{base}-{n}");
-            if !step.append {
-                step.log = format!("{}.log", step.label);
-            }
-            if let Dir::Nextest(ws) = &mut step.dir {
-                let old = ws.clone();
-                *ws = old.with_file_name(&step.label);
+        }
+        if n == 1 {
+            continue;
+        }
+        if !step.append {
+            step.log = format!("{}.log", step.label);
+        }
+        match &mut step.dir {
+            Dir::Nextest(ws) => {
+                let old = follow(ws, &step.label, &mut step.args);
                 if let Report::JUnit(junit) = &mut step.report
                     && let Ok(rest) = junit.strip_prefix(&old)
                 {
                     *junit = ws.join(rest);
                 }
-                for arg in &mut step.args {
-                    if Path::new(arg.as_str()) == old {
-                        *arg = ws.display().to_string();
-                    }
-                }
             }
+            Dir::Fresh { dir, .. } => {
+                follow(dir, &step.label, &mut step.args);
+            }
+            Dir::Shared => {}
+        }
+        if let Report::Example(out) = &mut step.report {
+            follow(out, &step.label, &mut step.args);
         }
     }
+}
+
+/// Renames the folder `path` to `label` in its parent, and the arguments that name it;
+/// returns its old path.
+fn follow(path: &mut PathBuf, label: &str, args: &mut [String]) -> PathBuf {
+    let old = std::mem::replace(path, path.with_file_name(label));
+    for arg in args.iter_mut().filter(|arg| Path::new(arg.as_str()) == old) {
+        *arg = path_arg(path);
+    }
+    old
 }
 
 /// CubeCL finds `cubecl.toml` walking up from the working directory; no environment
@@ -945,5 +963,38 @@ mod tests {
         );
         assert!(second.args.contains(&"/w/nextest/smoke-2".to_string()));
         assert_eq!(lanes[0][0][0].label, "smoke");
+    }
+
+    /// Fresh folders and an example's `--out` follow a repeated stage's labels too.
+    #[test]
+    fn a_repeated_stage_gets_fresh_and_out_folders_of_its_own() {
+        let mut layout = layout(Path::new("/w"));
+        let trainer = binaries::find("gpu_trainer").unwrap().binary_id();
+        layout
+            .test_binaries
+            .insert(trainer, "/w/t/gpu_trainer".into());
+        let mut lanes = vec![VecDeque::new()];
+        for stage in [Stage::Cold, Stage::Cold, Stage::Examples, Stage::Examples] {
+            let opts = StageOptions::parse(&["--examples", "lstm"]);
+            lanes[0].extend(stages::plan(stage, &opts, &layout).unwrap());
+        }
+        unique_labels(&mut lanes);
+        let steps: Vec<&Step> = lanes[0].iter().flatten().collect();
+        let mut folders = BTreeSet::new();
+        for step in &steps {
+            let folder = match (&step.dir, &step.report) {
+                (Dir::Fresh { dir, .. }, _) | (_, Report::Example(dir)) => dir,
+                _ => continue,
+            };
+            assert_eq!(folder.file_name().unwrap(), step.label.as_str());
+            assert!(folders.insert(folder.clone()), "{} twice", folder.display());
+        }
+        let examples: Vec<&&Step> = steps
+            .iter()
+            .filter(|s| matches!(s.report, Report::Example(_)))
+            .collect();
+        assert_eq!(examples.len(), 2);
+        let out = "/w/logs/examples/example-lstm-2".to_string();
+        assert!(examples[1].args.contains(&out), "{:?}", examples[1].args);
     }
 }
