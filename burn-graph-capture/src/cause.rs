@@ -79,16 +79,18 @@ impl<'de> Deserialize<'de> for Cause {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// An error with no source, for tests of errors that keep a cause.
     #[derive(Debug, thiserror::Error)]
     #[error("inner failure")]
-    struct Inner;
+    pub(crate) struct Inner;
 
+    /// An error whose source is [`Inner`].
     #[derive(Debug, thiserror::Error)]
     #[error("outer failure")]
-    struct Outer(#[source] Inner);
+    pub(crate) struct Outer(#[source] pub(crate) Inner);
 
     #[test]
     fn a_cause_reads_as_its_error_and_keeps_its_chain() {

@@ -120,14 +120,7 @@ mod tests {
     use std::error::Error as _;
 
     use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("inner failure")]
-    struct Inner;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer failure")]
-    struct Outer(#[source] Inner);
+    use crate::cause::tests::{Inner, Outer};
 
     #[test]
     fn a_runtime_cause_keeps_the_error_and_its_chain() {
