@@ -786,7 +786,7 @@ impl Exec<'_> {
             Report::Exit => {}
             Report::JUnit(path) => {
                 let _ = fs::copy(path, logs.join(format!("{}-junit.xml", step.label)));
-                result.junit = Some(
+                result.tests = Some(
                     fs::read_to_string(path)
                         .map_err(io(path))
                         .and_then(|xml| summary::parse_junit(&xml)),
@@ -795,6 +795,11 @@ impl Exec<'_> {
             Report::Sanitizer => {
                 let log = fs::read_to_string(logs.join(&step.log)).unwrap_or_default();
                 result.notes.extend(summary::sanitizer_summary(&log));
+            }
+            Report::SanitizedTests => {
+                let log = fs::read_to_string(logs.join(&step.log)).unwrap_or_default();
+                result.notes.extend(summary::sanitizer_summary(&log));
+                result.tests = Some(summary::parse_libtest(&log));
             }
             Report::Ncu { csv, label, size } => {
                 let script = self.layout.repo.join("scripts/ncu_sum.py");
@@ -840,7 +845,7 @@ impl StepResult {
             label: step.label.clone(),
             outcome,
             seconds,
-            junit: None,
+            tests: None,
             notes: Vec::new(),
         }
     }

@@ -2,17 +2,20 @@
 //! starts (so they can be printed and tested here, without a GPU).
 //!
 //! A stage is a list of groups; the steps of a group run side by side, groups one after
-//! another. GPU tests run through nextest (profile `gpu`, or `gpu-memcheck` under
-//! compute-sanitizer; `.config/nextest.toml`), each test in a process of its own, and
-//! report through nextest's JUnit file; benches, examples and tools run directly and
-//! report through their exit status.
+//! another. GPU tests run through nextest (profile `gpu`, `.config/nextest.toml`), each
+//! test in a process of its own, and report through nextest's JUnit file; under
+//! compute-sanitizer memcheck a test binary runs directly, a module per process
+//! (`memcheck`), and reports through libtest's lines; benches, examples and tools run
+//! directly and report through their exit status.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 
-use super::binaries::{self, Binary, Kind};
+use super::binaries::{self, Kind};
+
+mod memcheck;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum Stage {
@@ -20,8 +23,8 @@ pub enum Stage {
     Smoke,
     /// The GPU test suites through nextest (default gpu_runtime, gpu_capture, gpu_trainer).
     Tests,
-    /// Tests under compute-sanitizer memcheck (runtime parity, capture, four trainer
-    /// modules at a tenth of their steps).
+    /// Tests under compute-sanitizer memcheck, a process per module and stack (runtime
+    /// parity, capture, four trainer modules at a tenth of their steps).
     Memcheck,
     /// `tests` (four at a time) and `memcheck` side by side.
     Suite,
@@ -119,6 +122,16 @@ pub enum StackName {
     Cube,
 }
 
+impl StackName {
+    /// The stack's module in the trainer's tests (`guards::fused::...`).
+    pub fn module(self) -> &'static str {
+        match self {
+            StackName::Fused => "fused",
+            StackName::Cube => "cube",
+        }
+    }
+}
+
 /// The options of the stages (each stage reads those it names).
 #[derive(clap::Args, Clone, Debug)]
 pub struct StageOptions {
@@ -128,12 +141,12 @@ pub struct StageOptions {
     /// Nextest stages: a filterset; it replaces the stage's own selection.
     #[arg(short = 'E', long)]
     pub filterset: Option<String>,
-    /// Nextest stages: tests run at once (default 1; memcheck 4, suite's tests 4, fuzz 2,
-    /// reliability 8).
+    /// Nextest stages: tests run at once (default 1; suite's tests 4, fuzz 2,
+    /// reliability 8); memcheck: processes at once (default all).
     #[arg(short = 'j', long)]
     pub threads: Option<usize>,
-    /// Nextest stages: only the tests of one stack (modules `fused::`/`cube::`, or the
-    /// `gpu::` tests named after their stack).
+    /// Nextest stages and memcheck: only the tests of one stack (modules
+    /// `fused::`/`cube::`, or the `gpu::` tests named after their stack).
     #[arg(long, value_enum)]
     pub stack: Option<StackName>,
     /// speed: sizes b/t/h, one process each.
@@ -257,6 +270,8 @@ pub enum Report {
     },
     /// compute-sanitizer's summary line.
     Sanitizer,
+    /// compute-sanitizer's summary line and libtest's results, both in the log.
+    SanitizedTests,
     /// An example's summary.json in this folder.
     Example(PathBuf),
 }
@@ -348,9 +363,8 @@ pub fn not_packed(name: &str) -> String {
     )
 }
 
-/// The nextest profiles of `.config/nextest.toml`.
+/// The nextest profile of `.config/nextest.toml`.
 const GPU: &str = "gpu";
-const MEMCHECK: &str = "gpu-memcheck";
 
 /// The groups of one stage.
 pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Group>, String> {
@@ -365,13 +379,6 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
         let expr = expr(&Stage::Tests.binaries(opts), None)?;
         Ok(nextest(label, GPU, threads, expr))
     };
-    let memcheck = |label: &str| -> Result<Step, String> {
-        let expr = expr(&Stage::Memcheck.binaries(opts), Some(&memcheck_default()?))?;
-        Ok(Step {
-            env: env(&[("GPU_TRAINER_SHORT", "1")]),
-            ..nextest(label, MEMCHECK, opts.threads, expr)
-        })
-    };
     Ok(match stage {
         Stage::Smoke => {
             let default = "test(smoke) | test(random_and_sync) | test(op_parity_plain)";
@@ -379,11 +386,12 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
             vec![one(nextest("smoke", GPU, opts.threads, expr))]
         }
         Stage::Tests => vec![one(tests("tests", opts.threads)?)],
-        Stage::Memcheck => vec![one(memcheck("memcheck")?)],
-        Stage::Suite => vec![vec![
-            tests("suite-tests", Some(opts.threads.unwrap_or(4)))?,
-            memcheck("suite-memcheck")?,
-        ]],
+        Stage::Memcheck => memcheck::groups(layout, stage, "memcheck", opts, opts.threads)?,
+        Stage::Suite => {
+            let mut group = vec![tests("suite-tests", Some(opts.threads.unwrap_or(4)))?];
+            group.extend(memcheck::groups(layout, stage, "suite-memcheck", opts, None)?.concat());
+            vec![group]
+        }
         Stage::Precision => {
             let expr = expr(&stage.binaries(opts), None)?;
             vec![one(nextest("precision", GPU, opts.threads, expr))]
@@ -396,18 +404,8 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
                     .split_once('@')
                     .ok_or_else(|| format!("--racecheck {pair}: expected TARGET@b/t/h"))?;
                 let label = format!("racecheck-{target}-{}", size.replace('/', "-"));
-                let args = words(&[
-                    "--tool",
-                    "racecheck",
-                    "--error-exitcode",
-                    "17",
-                    "--print-limit",
-                    "20",
-                    &bench,
-                    "profile",
-                    target,
-                    size,
-                ]);
+                let mut args = memcheck::sanitizer_args("racecheck");
+                args.extend(words(&[&bench, "profile", target, size]));
                 let step = direct(stage, &label, "compute-sanitizer".into(), args);
                 let report = Report::Sanitizer;
                 groups.push(one(Step { report, ..step }));
@@ -469,8 +467,9 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
         Stage::Reliability => {
             let all = expr(&stage.binaries(opts), Some("test(/::gpu::/)"))?;
             let all = nextest("reliability", GPU, Some(opts.threads.unwrap_or(8)), all);
-            let fuzz = expr(&["fuzz"], Some("test(/::gpu::fused_/)"))?;
-            let fuzz = nextest("reliability-memcheck", MEMCHECK, None, fuzz);
+            let fuzz = binaries::find("fuzz")?;
+            let filter = format!("{}gpu::fused_", fuzz.filter.unwrap_or_default());
+            let fuzz = memcheck::sanitized(layout, stage, "reliability-memcheck", fuzz, &[filter])?;
             vec![vec![
                 Step {
                     env: fuzz_env(opts.fuzz_programs.unwrap_or(300)),
@@ -495,27 +494,6 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
             vec![group]
         }
     })
-}
-
-/// Memcheck's selection: the small runtime tests (their parity children followed), the
-/// capture suite, and four trainer modules (run at a tenth of their steps,
-/// `GPU_TRAINER_SHORT`).
-///
-/// Not the runtime's `t1_smoke_add_matmul_matches_burn_cuda` or `t4_op_parity_fused`
-/// (the `tests` stage runs them): under compute-sanitizer stock burn-cuda's matmul
-/// autotune picks a TF32 kernel, so their stock reference differs (rel err 2.5e-4),
-/// which fails them for a reason that is not a memory error.
-fn memcheck_default() -> Result<String, String> {
-    let selector = |name| binaries::find(name).map(Binary::selector);
-    let (runtime, capture, trainer) = (
-        selector("gpu_runtime")?,
-        selector("gpu_capture")?,
-        selector("gpu_trainer")?,
-    );
-    Ok(format!(
-        "({runtime} & (test(random_and_sync) | test(op_parity_plain) | test(lstm_parity_small))) \
-         | {capture} | ({trainer} & test(/^(guards|correctness|memory|inputs)::/))"
-    ))
 }
 
 /// The fuzzer keeps going past a failing program, over this many per stack.
@@ -552,10 +530,7 @@ fn expression(
         parts.extend(user);
     }
     if let Some(stack) = opts.stack {
-        let name = match stack {
-            StackName::Fused => "fused",
-            StackName::Cube => "cube",
-        };
+        let name = stack.module();
         parts.push(format!(
             "test(/::{name}::/) | test(/::gpu::(\\w+_)?{name}_/)"
         ));
@@ -767,7 +742,7 @@ fn label_suffix(opts: &StageOptions) -> String {
 mod tests {
     use super::*;
 
-    fn layout(gpus: usize) -> Layout {
+    pub(super) fn layout(gpus: usize) -> Layout {
         let mut test_binaries = BTreeMap::new();
         for b in binaries::BINARIES.iter().filter(|b| b.kind == Kind::Test) {
             test_binaries.insert(
@@ -784,7 +759,7 @@ mod tests {
         }
     }
 
-    fn steps(stage: Stage, args: &[&str]) -> Vec<Vec<Step>> {
+    pub(super) fn steps(stage: Stage, args: &[&str]) -> Vec<Vec<Step>> {
         plan(stage, &StageOptions::parse(args), &layout(1)).unwrap()
     }
 
@@ -851,45 +826,13 @@ mod tests {
         ));
     }
 
+    /// `tests` runs all of gpu_runtime (memcheck leaves two of its tests out): only the
+    /// trainer's selection is narrowed.
     #[test]
-    fn memcheck_runs_under_its_profile_at_a_tenth_of_the_steps() {
-        let step = &steps(Stage::Memcheck, &[])[0][0];
-        assert!(step.command_line().contains("--profile gpu-memcheck"));
-        assert_eq!(step.env, vec![("GPU_TRAINER_SHORT".into(), "1".into())]);
-        let expr = step.args.last().unwrap();
-        assert!(expr.contains("test(/^(guards|correctness|memory|inputs)::/)"));
-        // A user's filterset replaces the default selection.
-        let step = &steps(Stage::Memcheck, &["-E", "test(both_recurrences)"])[0][0];
-        let expr = step.args.last().unwrap();
-        assert!(expr.contains("& (test(both_recurrences)) &"));
-        assert!(!expr.contains("guards"));
-    }
-
-    /// nextest's `test(x)` selects the tests whose names contain `x`.
-    #[test]
-    fn memcheck_leaves_out_the_runtime_tests_tf32_moves_and_tests_keeps_them() {
-        let expr = |stage| steps(stage, &[])[0][0].args.last().unwrap().clone();
-        let runtime = "binary_id(burn-graph-capture::gpu_runtime)";
-        let memcheck = expr(Stage::Memcheck);
-        let (_, clause) = memcheck.split_once(&format!("({runtime} & (")).unwrap();
-        let names: Vec<&str> = (clause.split("))").next().unwrap().split(" | "))
-            .map(|t| t.trim_start_matches("test(").trim_end_matches(')'))
-            .collect();
-        let runs = |test: &str| names.iter().any(|n| test.contains(n));
-        let kept = [
-            "t2_random_and_sync_work",
-            "t3_op_parity_plain",
-            "t5_lstm_parity_small",
-        ];
-        assert!(kept.into_iter().all(runs));
-        let left_out = [
-            "t1_smoke_add_matmul_matches_burn_cuda",
-            "t4_op_parity_fused",
-        ];
-        assert!(!left_out.into_iter().any(runs));
-        // `tests` runs all of gpu_runtime: only the trainer's selection is narrowed.
-        let tests = expr(Stage::Tests);
+    fn tests_runs_every_runtime_test() {
+        let tests = steps(Stage::Tests, &[])[0][0].args.last().unwrap().clone();
         let mut parts = tests.split(") & (");
+        let runtime = "binary_id(burn-graph-capture::gpu_runtime)";
         assert!(parts.next().unwrap().starts_with(&format!("({runtime} | ")));
         assert!(parts.all(|p| p.starts_with("not (binary_id(integration-tests::gpu_trainer)")));
     }
@@ -899,8 +842,21 @@ mod tests {
         let groups = steps(Stage::Suite, &[]);
         assert_eq!(groups.len(), 1);
         let labels: Vec<_> = groups[0].iter().map(|s| s.label.as_str()).collect();
-        assert_eq!(labels, ["suite-tests", "suite-memcheck"]);
+        assert_eq!(labels.len(), 11);
+        assert_eq!(
+            labels[..3],
+            [
+                "suite-tests",
+                "suite-memcheck-runtime",
+                "suite-memcheck-capture"
+            ]
+        );
         assert!(groups[0][0].command_line().contains("--test-threads 4"));
+        assert!(
+            groups[0][1]
+                .command_line()
+                .contains("compute-sanitizer --tool memcheck")
+        );
     }
 
     #[test]
@@ -917,13 +873,15 @@ mod tests {
              & (test(/::gpu::/))"
         ));
         assert!(tests.env.contains(&("FUZZ_PROGRAMS".into(), "50".into())));
-        assert!(memcheck.command_line().contains("--profile gpu-memcheck"));
         assert!(
             memcheck
-                .args
-                .last()
-                .unwrap()
-                .contains("test(/::gpu::fused_/)")
+                .command_line()
+                .starts_with("FUZZ_PROGRAMS=20 compute-sanitizer --tool memcheck")
+        );
+        assert!(
+            memcheck
+                .command_line()
+                .ends_with("/w/pack/t/integration --ignored --test-threads=1 fuzz::gpu::fused_")
         );
         assert!(
             memcheck

@@ -1,15 +1,15 @@
-//! What a run found: nextest's JUnit files read for test counts and failures, the exit
-//! status of every other step, and the measurements the benches print, as one markdown
-//! summary.
+//! What a run found: nextest's JUnit files and libtest's lines read for test counts and
+//! failures, the exit status of every other step, and the measurements the benches
+//! print, as one markdown summary.
 
 use std::fmt::Write as _;
 
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
 
-/// The tests of one nextest run.
+/// The tests of one step.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct JUnit {
+pub struct TestResults {
     pub passed: usize,
     pub skipped: usize,
     /// `binary test: kind (message)`, one per failed test (the last attempt's).
@@ -18,7 +18,7 @@ pub struct JUnit {
     pub flaky: usize,
 }
 
-impl JUnit {
+impl TestResults {
     pub fn counts(&self) -> String {
         let mut text = format!("{} passed, {} failed", self.passed, self.failures.len());
         if self.skipped > 0 {
@@ -33,9 +33,9 @@ impl JUnit {
 
 /// Reads nextest's JUnit XML: each `testcase` passed unless it holds a `failure` or an
 /// `error` (a `flakyFailure` beside a pass counts it flaky), or is `skipped`.
-pub fn parse_junit(xml: &str) -> Result<JUnit, String> {
+pub fn parse_junit(xml: &str) -> Result<TestResults, String> {
     let mut reader = Reader::from_str(xml);
-    let mut junit = JUnit::default();
+    let mut junit = TestResults::default();
     // The open testcase: its name and what its children said.
     let mut case: Option<Case> = None;
     loop {
@@ -105,7 +105,7 @@ impl Case {
         Ok(())
     }
 
-    fn close(self, junit: &mut JUnit) {
+    fn close(self, junit: &mut TestResults) {
         match self.failure {
             Some(failure) => junit.failures.push(format!("{}: {failure}", self.name)),
             None if self.skipped => junit.skipped += 1,
@@ -161,7 +161,8 @@ pub struct StepResult {
     pub label: String,
     pub outcome: Outcome,
     pub seconds: f64,
-    pub junit: Option<Result<JUnit, String>>,
+    /// The tests it ran, from nextest's JUnit file or libtest's lines.
+    pub tests: Option<Result<TestResults, String>>,
     /// Lines for the summary (a sanitizer's summary line, an example's summary.json).
     pub notes: Vec<String>,
 }
@@ -176,9 +177,9 @@ pub fn markdown(header: &[String], results: &[StepResult], extra: &[String]) -> 
     out.push('\n');
     out.push_str("| stage | step | result | tests | seconds |\n|---|---|---|---|---|\n");
     for r in results {
-        let tests = match &r.junit {
-            Some(Ok(junit)) => junit.counts(),
-            Some(Err(e)) => format!("no JUnit: {e}"),
+        let tests = match &r.tests {
+            Some(Ok(tests)) => tests.counts(),
+            Some(Err(e)) => format!("unreadable: {e}"),
             None => String::new(),
         };
         let _ = writeln!(
@@ -193,9 +194,9 @@ pub fn markdown(header: &[String], results: &[StepResult], extra: &[String]) -> 
     }
     let failures: Vec<String> = results
         .iter()
-        .filter_map(|r| match &r.junit {
-            Some(Ok(junit)) => Some(
-                junit
+        .filter_map(|r| match &r.tests {
+            Some(Ok(tests)) => Some(
+                tests
                     .failures
                     .iter()
                     .map(move |f| format!("- {}: {f}", r.label)),
@@ -241,6 +242,53 @@ pub fn speed_rows(log: &str) -> Vec<String> {
         rows.extend(table.iter().skip(header).map(|l| l.to_string()));
     }
     rows
+}
+
+/// libtest's results in the log of a test binary run directly (one test at a time, its
+/// output captured): `test NAME ... ok|FAILED|ignored` per test. Output that libtest
+/// cannot capture (a sanitizer's report, a raw write) may come between the name and the
+/// result, which then ends a later line. A test started without a result did not finish
+/// (the process was stopped or crashed); with no test at all, the log shows no libtest
+/// run.
+pub fn parse_libtest(log: &str) -> Result<TestResults, String> {
+    let mut tests = TestResults::default();
+    let mut ran = false;
+    let mut open: Option<&str> = None;
+    for line in log.lines() {
+        let (name, rest) = match line
+            .strip_prefix("test ")
+            .and_then(|l| l.split_once(" ... "))
+        {
+            Some((name, rest)) => {
+                if let Some(unread) = open.take() {
+                    tests.failures.push(format!("{unread}: no result read"));
+                }
+                ran = true;
+                (name, rest)
+            }
+            None => match open.take() {
+                Some(name) => (name, line),
+                None => continue,
+            },
+        };
+        let rest = rest.trim_end();
+        if rest.ends_with("ok") {
+            tests.passed += 1;
+        } else if rest.ends_with("FAILED") {
+            tests.failures.push(format!("{name}: failed"));
+        } else if rest.ends_with("ignored") || rest.contains("ignored, ") {
+            tests.skipped += 1;
+        } else {
+            open = Some(name);
+        }
+    }
+    if let Some(name) = open {
+        tests.failures.push(format!("{name}: did not finish"));
+    }
+    match ran {
+        true => Ok(tests),
+        false => Err("no libtest results in the log".into()),
+    }
 }
 
 /// compute-sanitizer's closing line (`ERROR SUMMARY`, `RACECHECK SUMMARY`).
@@ -340,7 +388,7 @@ running 1 test
                 label: "tests".into(),
                 outcome: Outcome::Failed("exit status: 100".into()),
                 seconds: 12.4,
-                junit: Some(parse_junit(SAMPLE)),
+                tests: Some(parse_junit(SAMPLE)),
                 notes: vec![],
             },
             StepResult {
@@ -348,7 +396,7 @@ running 1 test
                 label: "racecheck-fused-lstm-40-8-64".into(),
                 outcome: Outcome::Passed,
                 seconds: 30.0,
-                junit: None,
+                tests: None,
                 notes: vec!["RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".into()],
             },
         ];
@@ -359,6 +407,43 @@ running 1 test
         assert!(text.contains("- tests: a::ta slow: failure (test timeout)"));
         assert!(text.contains("- racecheck-fused-lstm-40-8-64: RACECHECK SUMMARY: 0 hazards"));
         assert!(text.ends_with("1 of 2 steps passed\n"));
+    }
+
+    /// libtest 1.95's lines (one thread, output captured): a failing test, raw writes
+    /// before a result, a sanitizer's report between, a result never read, and a test
+    /// stopped mid-run.
+    #[test]
+    fn libtest_lines_count_passes_failures_and_a_test_that_did_not_finish() {
+        let log = "running 5 tests
+test guards::cube::a ... ok
+test guards::cube::b ... FAILED
+test guards::cube::c ... raw out
+ok
+test guards::cube::d ... ========= Invalid __global__ read of size 4 bytes
+=========     at kernel+0x90
+ignored
+test guards::cube::f ... raw, no newline ok
+test guards::cube::g ... raw out
+test guards::cube::e ... ";
+        let tests = parse_libtest(log).unwrap();
+        assert_eq!(tests.passed, 3);
+        assert_eq!(tests.skipped, 1);
+        assert_eq!(
+            tests.failures,
+            [
+                "guards::cube::b: failed",
+                "guards::cube::g: no result read",
+                "guards::cube::e: did not finish"
+            ]
+        );
+        assert_eq!(tests.counts(), "3 passed, 3 failed, 1 skipped");
+        let finished = "running 1 test\ntest t2_random_and_sync_work ... ok\n\n\
+                        test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 7 filtered out\n";
+        assert_eq!(
+            parse_libtest(finished).unwrap().counts(),
+            "1 passed, 0 failed"
+        );
+        assert!(parse_libtest("could not start\n").is_err());
     }
 
     #[test]
