@@ -54,10 +54,14 @@ pub fn values(output: &Output) -> Vec<f32> {
 
 /// In a child: points CubeCL at the child's autotune cache (before any client starts)
 /// and returns the stack to measure. `None` in the parent.
+///
+/// The rest of the configuration is the parent's (its `cubecl.toml`): under `xtask gpu
+/// run` that shares the run's cache of compiled kernels, so only the first child pays
+/// for compiling the autotune candidates, and each child still times them itself.
 pub fn as_child() -> Option<String> {
     let stack = std::env::var(STACK_VAR).ok()?;
     let autotune = std::env::var(AUTOTUNE_VAR).expect("a child has an autotune directory");
-    let mut config = CubeClRuntimeConfig::default();
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
     config.autotune.cache = CacheConfig::File(autotune.into());
     config.autotune.logger.stdout = true;
     config.autotune.logger.level = AutotuneLogLevel::Minimal;
