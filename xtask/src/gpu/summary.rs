@@ -247,14 +247,18 @@ pub fn speed_rows(log: &str) -> Vec<String> {
 /// libtest's results in the log of a test binary run directly (one test at a time, its
 /// output captured): `test NAME ... ok|FAILED|ignored` per test. Output that libtest
 /// cannot capture (a sanitizer's report, a raw write) may come between the name and the
-/// result, which then ends a later line. A test started without a result did not finish
-/// (the process was stopped or crashed); with no test at all, the log shows no libtest
-/// run.
+/// result, which then ends a later line. Reading stops at libtest's `failures:` section,
+/// where failed tests' output is quoted (a parity test quotes its child's libtest lines).
+/// A test started without a result did not finish (the process was stopped or crashed);
+/// with no test at all, the log shows no libtest run.
 pub fn parse_libtest(log: &str) -> Result<TestResults, String> {
     let mut tests = TestResults::default();
     let mut ran = false;
     let mut open: Option<&str> = None;
     for line in log.lines() {
+        if open.is_none() && line == "failures:" {
+            break;
+        }
         let (name, rest) = match line
             .strip_prefix("test ")
             .and_then(|l| l.split_once(" ... "))
@@ -411,7 +415,7 @@ running 1 test
 
     /// libtest 1.95's lines (one thread, output captured): a failing test, raw writes
     /// before a result, a sanitizer's report between, a result never read, and a test
-    /// stopped mid-run.
+    /// stopped mid-run; and the `failures:` section, where a parity test quotes its child.
     #[test]
     fn libtest_lines_count_passes_failures_and_a_test_that_did_not_finish() {
         let log = "running 5 tests
@@ -437,6 +441,27 @@ test guards::cube::e ... ";
             ]
         );
         assert_eq!(tests.counts(), "3 passed, 3 failed, 1 skipped");
+        // A failed parity test quotes its child's lines; they are not this run's tests.
+        let log = "running 2 tests
+test t3_op_parity_plain ... FAILED
+test t5_lstm_parity_small ... ok
+
+failures:
+
+---- t3_op_parity_plain stdout ----
+child ours of t3_op_parity_plain failed or ran no test:
+
+running 1 test
+test t3_op_parity_plain ... FAILED
+
+failures:
+    t3_op_parity_plain
+
+test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 9 filtered out
+";
+        let tests = parse_libtest(log).unwrap();
+        assert_eq!(tests.failures, ["t3_op_parity_plain: failed"]);
+        assert_eq!(tests.counts(), "1 passed, 1 failed");
         let finished = "running 1 test\ntest t2_random_and_sync_work ... ok\n\n\
                         test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 7 filtered out\n";
         assert_eq!(
