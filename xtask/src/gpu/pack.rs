@@ -25,8 +25,7 @@ use super::{CACHE, MANIFEST, PAYLOAD, io};
 
 #[derive(clap::Args, Debug)]
 pub struct PackArgs {
-    /// The binaries to pack (default: gpu_runtime, gpu_capture, gpu_trainer, fuzz,
-    /// threads, shared_embedding, gpu_graph_speed, lstm); see `xtask gpu list`.
+    /// The binaries to pack (default: those `xtask gpu list` marks).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["stages", "all"])]
     pub bins: Vec<String>,
     /// Pack the binaries these stages run with their default options instead.

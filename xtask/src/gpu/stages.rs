@@ -21,7 +21,7 @@ mod memcheck;
 pub enum Stage {
     /// A few runtime tests (gpu_runtime: smoke, random_and_sync, op_parity_plain).
     Smoke,
-    /// The GPU test suites through nextest (default gpu_runtime, gpu_capture, gpu_trainer).
+    /// The GPU test suites through nextest (--bins picks them).
     Tests,
     /// Tests under compute-sanitizer memcheck, a process per module and stack (runtime
     /// parity, capture, four trainer modules at a tenth of their steps).
@@ -64,14 +64,9 @@ impl Stage {
     /// The binaries the stage runs with these options.
     pub fn binaries(self, opts: &StageOptions) -> Vec<&'static str> {
         let suites = || -> Vec<&'static str> {
-            if opts.bins.is_empty() {
-                SUITES.to_vec()
-            } else {
-                opts.bins
-                    .iter()
-                    .filter_map(|name| binaries::find(name).ok().map(|b| b.name))
-                    .collect()
-            }
+            (opts.bins.iter())
+                .filter_map(|name| binaries::find(name).ok().map(|b| b.name))
+                .collect()
         };
         match self {
             Stage::Smoke => vec!["gpu_runtime"],
@@ -110,7 +105,7 @@ impl Stage {
     }
 }
 
-/// The GPU test binaries `tests` and `memcheck` run unless `--bins` names others.
+/// The GPU test binaries `tests`, `memcheck` and `suite` run unless `--bins` names others.
 const SUITES: [&str; 3] = ["gpu_runtime", "gpu_capture", "gpu_trainer"];
 
 /// Which stack's tests `--stack` keeps.
@@ -135,8 +130,8 @@ impl StackName {
 /// The options of the stages (each stage reads those it names).
 #[derive(clap::Args, Clone, Debug)]
 pub struct StageOptions {
-    /// tests, memcheck, suite: the test binaries (default gpu_runtime,gpu_capture,gpu_trainer).
-    #[arg(long, value_delimiter = ',')]
+    /// tests, memcheck, suite: the test binaries.
+    #[arg(long, value_delimiter = ',', default_values = SUITES)]
     pub bins: Vec<String>,
     /// Nextest stages: a filterset; it replaces the stage's own selection.
     #[arg(short = 'E', long)]

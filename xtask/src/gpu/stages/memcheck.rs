@@ -9,9 +9,7 @@
 //! picking the tests by name, and reads libtest's lines for the results.
 
 use super::super::binaries::{self, Binary};
-use super::{
-    Dir, Group, Layout, Report, SUITES, StackName, Stage, StageOptions, Step, direct, env,
-};
+use super::{Dir, Group, Layout, Report, StackName, Stage, StageOptions, Step, direct, env};
 
 /// The trainer modules memcheck covers (their tests run at a tenth of their steps,
 /// `GPU_TRAINER_SHORT`).
@@ -63,11 +61,7 @@ fn processes(opts: &StageOptions) -> Result<Vec<Process>, String> {
         let why = "memcheck picks tests by libtest name filters (after --), not by a filterset";
         return Err(why.into());
     }
-    let names: Vec<&str> = match opts.bins.is_empty() {
-        true => SUITES.to_vec(),
-        false => opts.bins.iter().map(String::as_str).collect(),
-    };
-    let bins = binaries::select(&names)?;
+    let bins = binaries::select(&opts.bins)?;
     if !opts.filters.is_empty() {
         if opts.stack.is_some() {
             let why = "memcheck: --stack narrows its default selection; with name filters, \
