@@ -792,14 +792,12 @@ impl Exec<'_> {
                         .and_then(|xml| summary::parse_junit(&xml)),
                 );
             }
-            Report::Sanitizer => {
+            Report::Sanitizer | Report::SanitizedTests => {
                 let log = fs::read_to_string(logs.join(&step.log)).unwrap_or_default();
                 result.notes.extend(summary::sanitizer_summary(&log));
-            }
-            Report::SanitizedTests => {
-                let log = fs::read_to_string(logs.join(&step.log)).unwrap_or_default();
-                result.notes.extend(summary::sanitizer_summary(&log));
-                result.tests = Some(summary::parse_libtest(&log));
+                if step.report == Report::SanitizedTests {
+                    result.tests = Some(summary::parse_libtest(&log));
+                }
             }
             Report::Ncu { csv, label, size } => {
                 let script = self.layout.repo.join("scripts/ncu_sum.py");

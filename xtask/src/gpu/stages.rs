@@ -754,8 +754,13 @@ mod tests {
         }
     }
 
+    /// The stage planned with these options on one GPU.
+    pub(super) fn planned(stage: Stage, args: &[&str]) -> Result<Vec<Group>, String> {
+        plan(stage, &StageOptions::parse(args), &layout(1))
+    }
+
     pub(super) fn steps(stage: Stage, args: &[&str]) -> Vec<Vec<Step>> {
-        plan(stage, &StageOptions::parse(args), &layout(1)).unwrap()
+        planned(stage, args).unwrap()
     }
 
     #[test]
@@ -956,14 +961,7 @@ mod tests {
             "compute-sanitizer --tool racecheck --error-exitcode 17 --print-limit 20 \
              /w/pack/bin/gpu_graph_speed profile fused-lstm 40/8/64"
         );
-        assert!(
-            plan(
-                Stage::Racecheck,
-                &StageOptions::parse(&["--racecheck", "fused"]),
-                &layout(1)
-            )
-            .is_err()
-        );
+        assert!(planned(Stage::Racecheck, &["--racecheck", "fused"]).is_err());
     }
 
     #[test]
@@ -1004,21 +1002,9 @@ mod tests {
 
     #[test]
     fn an_unknown_binary_is_refused_when_planning() {
-        let error = plan(
-            Stage::Tests,
-            &StageOptions::parse(&["--bins", "nope"]),
-            &layout(1),
-        )
-        .unwrap_err();
+        let error = planned(Stage::Tests, &["--bins", "nope"]).unwrap_err();
         assert!(error.contains("no binary named nope"), "{error}");
-        assert!(
-            plan(
-                Stage::Tests,
-                &StageOptions::parse(&["--bins", "gpu_runtime"]),
-                &layout(1)
-            )
-            .is_ok()
-        );
+        assert!(planned(Stage::Tests, &["--bins", "gpu_runtime"]).is_ok());
     }
 
     #[test]

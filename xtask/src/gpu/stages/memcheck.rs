@@ -189,12 +189,11 @@ pub fn sanitized(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{layout, steps};
+    use super::super::tests::{layout, planned, steps};
     use super::*;
 
     fn refused(args: &[&str]) -> String {
-        let opts = StageOptions::parse(args);
-        super::super::plan(Stage::Memcheck, &opts, &layout(1)).unwrap_err()
+        planned(Stage::Memcheck, args).unwrap_err()
     }
 
     #[test]
