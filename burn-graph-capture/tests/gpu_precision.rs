@@ -185,20 +185,56 @@ fn t1_precision_against_f64() {
             pair(4, 5),
             pair(3, 4)
         );
-        // Ours must be no less precise than stock: within twice stock's worst error (the two
-        // stock runs may pick different kernels), or within the 1e-5 of exact (f32
-        // accumulation order alone moves a 1M-element sum by ~3e-6).
-        for (ours, stock) in [(0, [1, 2]), (3, [4, 5])] {
-            let bound = (2.0 * errs[stock[0]].max(errs[stock[1]])).max(1e-5);
-            if errs[ours] > bound {
-                failures.push(format!(
-                    "{name}: {} {:.2e} > bound {bound:.2e} from stock",
-                    STACKS[ours], errs[ours]
-                ));
-            }
-        }
+        failures.extend(precision_failures(name, &errs));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Where this runtime's stacks are less precise than stock on one case, given each
+/// stack's error against f64 in `STACKS` order.
+///
+/// Ours must be within twice the worst error of any stock run, in either stack, or within
+/// the 1e-5 of exact (f32 accumulation order alone moves a 1M-element sum by
+/// ~3e-6). Every stock run counts, not only the same stack's two: autotune picks kernels
+/// by timing, and the candidates round TF32 differently (H200, 2026-12-05, 256x512x128:
+/// 2.6e-4 or 6.9e-4 against f64), so which one a run gets depends on what else shares the
+/// GPU, and two stock runs of one stack can both miss a kernel that ours then picks.
+fn precision_failures(case: &str, errs: &[f64]) -> Vec<String> {
+    let stock_worst = STACKS
+        .iter()
+        .zip(errs)
+        .filter(|(stack, _)| stack.starts_with("stock"))
+        .map(|(_, err)| *err)
+        .fold(0.0, f64::max);
+    let bound = (2.0 * stock_worst).max(1e-5);
+    STACKS
+        .iter()
+        .zip(errs)
+        .filter(|(stack, err)| stack.starts_with("ours") && **err > bound)
+        .map(|(stack, err)| format!("{case}: {stack} {err:.2e} > bound {bound:.2e} from stock"))
+        .collect()
+}
+
+/// Runs on any machine: the bound takes stock's worst run of either stack.
+#[test]
+fn bound_is_stocks_worst_run_of_either_stack() {
+    // H200, 2026-12-05, matmul 256x512x128: ours got the 6.9e-4 kernel, which only one
+    // stock-fused run got.
+    let seen = [6.86e-4, 2.60e-4, 2.60e-4, 2.60e-4, 6.86e-4, 2.60e-4];
+    assert!(precision_failures("seen", &seen).is_empty());
+    // Ours three times worse than any stock run fails, on either stack.
+    let worse = [2.1e-3, 2.6e-4, 6.9e-4, 2.6e-4, 2.6e-4, 2.6e-4];
+    assert_eq!(precision_failures("worse", &worse).len(), 1);
+    let worse_fused = [2.6e-4, 2.6e-4, 2.6e-4, 2.1e-3, 6.9e-4, 2.6e-4];
+    let failures = precision_failures("worse_fused", &worse_fused);
+    assert_eq!(failures.len(), 1);
+    assert!(failures[0].contains("ours-fused"), "{failures:?}");
+    // Exact stock: ours may still be 1e-5 off (summation order), not more.
+    assert!(precision_failures("floor", &[9e-6, 0.0, 0.0, 9e-6, 0.0, 0.0]).is_empty());
+    assert_eq!(
+        precision_failures("floor", &[2e-5, 0.0, 0.0, 0.0, 0.0, 0.0]).len(),
+        1
+    );
 }
 
 /// Case names, in the order of `run_cases` and `reference`.
