@@ -80,6 +80,11 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         logs: logs.clone(),
         // `two_gpus::` tests run where there are two.
         gpus: if args.dry_run { 1 } else { count_gpus(&env) },
+        ignored_tests: if args.dry_run {
+            BTreeMap::new()
+        } else {
+            ignored_tests(&test_binaries)
+        },
         test_binaries,
     };
     if args.dry_run && layout.test_binaries.is_empty() {
@@ -289,6 +294,31 @@ pub(super) fn test_binaries(unpacked: &Path) -> Result<BTreeMap<String, PathBuf>
         }
     }
     Ok(map)
+}
+
+/// Each test binary's `#[ignore]`d tests, from libtest's `--list` (it starts no GPU);
+/// a binary that cannot list is left out.
+fn ignored_tests(binaries: &BTreeMap<String, PathBuf>) -> BTreeMap<String, Vec<String>> {
+    let list = |path: &PathBuf| {
+        let output = Command::new(path)
+            .args(["--list", "--ignored", "--format", "terse"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        Some(listed_tests(&String::from_utf8_lossy(&output.stdout)))
+    };
+    (binaries.iter())
+        .filter_map(|(id, path)| Some((id.clone(), list(path)?)))
+        .collect()
+}
+
+/// The test names of libtest's terse list (`NAME: test` lines; benches and the count
+/// line are not tests).
+fn listed_tests(list: &str) -> Vec<String> {
+    (list.lines())
+        .filter_map(|line| line.strip_suffix(": test"))
+        .map(String::from)
+        .collect()
 }
 
 fn count_gpus(env: &[(String, String)]) -> usize {
@@ -871,6 +901,7 @@ mod tests {
             logs: dir.join("logs"),
             gpus: 1,
             test_binaries: Default::default(),
+            ignored_tests: Default::default(),
         }
     }
 
@@ -966,6 +997,22 @@ mod tests {
         );
         assert!(second.args.contains(&"/w/nextest/smoke-2".to_string()));
         assert_eq!(lanes[0][0][0].label, "smoke");
+    }
+
+    /// libtest's terse list, as the trainer binary prints it: only `: test` lines are tests.
+    #[test]
+    fn listed_tests_are_the_names_of_test_lines() {
+        let list = "correctness::cube::adam_replays_equal_eager: test\n\
+                    two_gpus::rank_process: test\n\
+                    speed: bench\n\n\
+                    2 tests, 1 benchmark\n";
+        assert_eq!(
+            listed_tests(list),
+            [
+                "correctness::cube::adam_replays_equal_eager",
+                "two_gpus::rank_process"
+            ]
+        );
     }
 
     /// Fresh folders and an example's `--out` follow a repeated stage's labels too.

@@ -326,6 +326,9 @@ pub struct Layout {
     pub gpus: usize,
     /// Nextest binary id to the unpacked test binary.
     pub test_binaries: BTreeMap<String, PathBuf>,
+    /// Nextest binary id to its `#[ignore]`d tests' names, as the binary lists them on
+    /// the GPU machine; empty in a dry run (memcheck then shows its unsplit processes).
+    pub ignored_tests: BTreeMap<String, Vec<String>>,
 }
 
 impl Layout {
@@ -464,7 +467,14 @@ pub fn plan(stage: Stage, opts: &StageOptions, layout: &Layout) -> Result<Vec<Gr
             let all = nextest("reliability", GPU, Some(opts.threads.unwrap_or(8)), all);
             let fuzz = binaries::find("fuzz")?;
             let filter = format!("{}gpu::fused_", fuzz.filter.unwrap_or_default());
-            let fuzz = memcheck::sanitized(layout, stage, "reliability-memcheck", fuzz, &[filter])?;
+            let fuzz = memcheck::sanitized(
+                layout,
+                stage,
+                "reliability-memcheck",
+                fuzz,
+                &[filter],
+                false,
+            )?;
             vec![vec![
                 Step {
                     env: fuzz_env(opts.fuzz_programs.unwrap_or(300)),
@@ -751,6 +761,7 @@ mod tests {
             logs: "/w/logs/1".into(),
             gpus,
             test_binaries,
+            ignored_tests: BTreeMap::new(),
         }
     }
 

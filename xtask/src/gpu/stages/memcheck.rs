@@ -6,7 +6,9 @@
 //! trainer test took minutes (H200, session 20: `correctness::cube::sgd_momentum` 352 s,
 //! 20 of the stage's 55 tests in 506 s); a module per process ran all six `correctness`
 //! tests in 220 s (session 4). So memcheck runs each test binary directly, libtest
-//! picking the tests by name, and reads libtest's lines for the results.
+//! picking the tests by name, and reads libtest's lines for the results. The cube
+//! stack's trainer modules are still too slow for one process in a call; their tests
+//! are dealt into a few processes each (`SPLIT`).
 
 use super::super::binaries::{self, Binary};
 use super::{Dir, Group, Layout, Report, StackName, Stage, StageOptions, Step, direct, env};
@@ -14,6 +16,18 @@ use super::{Dir, Group, Layout, Report, StackName, Stage, StageOptions, Step, di
 /// The trainer modules memcheck covers (their tests run at a tenth of their steps,
 /// `GPU_TRAINER_SHORT`).
 const TRAINER_MODULES: [&str; 4] = ["guards", "correctness", "memory", "inputs"];
+
+/// Module-stacks too slow under memcheck for one process in a call, and into how many
+/// processes their tests are dealt (H200, session 23, beside `gpu_trainer` at `-j 4`:
+/// `guards::cube` ran 3 of its 6 tests and `inputs::cube` 7 of 12 in 466 s;
+/// `correctness::cube` took 465 s for 3 and `memory::cube` 459 s for 2). Dealing needs
+/// the binary's test list, which the GPU machine reads; a dry run shows them unsplit.
+const SPLIT: [(&str, usize); 4] = [
+    ("guards::cube::", 3),
+    ("inputs::cube::", 3),
+    ("correctness::cube::", 2),
+    ("memory::cube::", 2),
+];
 
 /// The runtime tests memcheck runs (their parity children followed). Not
 /// `t1_smoke_add_matmul_matches_burn_cuda` (its add and matmul are among
@@ -53,11 +67,13 @@ struct Process {
     binary: &'static Binary,
     /// libtest name filters (none: every `#[ignore]`d test of the binary).
     filters: Vec<String>,
+    /// The filters are whole test names (libtest's `--exact`).
+    exact: bool,
 }
 
 /// The processes `opts` asks for: the default selection, narrowed by `--bins` and
 /// `--stack`; or, with name filters after `--`, one process per binary on those.
-fn processes(opts: &StageOptions) -> Result<Vec<Process>, String> {
+fn processes(opts: &StageOptions, layout: &Layout) -> Result<Vec<Process>, String> {
     if opts.filterset.is_some() {
         let why = "memcheck picks tests by libtest name filters (after --), not by a filterset";
         return Err(why.into());
@@ -74,7 +90,7 @@ fn processes(opts: &StageOptions) -> Result<Vec<Process>, String> {
             .map(|binary| user_process(binary, &opts.filters))
             .collect();
     }
-    let chosen: Vec<Process> = default_processes()?
+    let chosen: Vec<Process> = default_processes(layout)?
         .into_iter()
         .filter(|p| bins.contains(&p.binary))
         .filter(|p| match opts.stack {
@@ -97,27 +113,63 @@ fn processes(opts: &StageOptions) -> Result<Vec<Process>, String> {
     Ok(chosen)
 }
 
-/// The runtime's small tests, the capture suite, and each trainer module per stack.
-fn default_processes() -> Result<Vec<Process>, String> {
+/// The runtime's small tests, the capture suite, and each trainer module per stack (the
+/// slow ones of `SPLIT` dealt into several processes where the test list is known).
+fn default_processes(layout: &Layout) -> Result<Vec<Process>, String> {
     let process = |name: &str, binary, filters: &[String]| -> Result<Process, String> {
         Ok(Process {
             name: name.into(),
             binary: binaries::find(binary)?,
             filters: filters.to_vec(),
+            exact: false,
         })
     };
     let mut all = vec![
         process("runtime", "gpu_runtime", &RUNTIME_TESTS.map(String::from))?,
         process("capture", "gpu_capture", &[])?,
     ];
+    let trainer = binaries::find("gpu_trainer")?;
+    let listed = layout.ignored_tests.get(&trainer.binary_id());
     for module in TRAINER_MODULES {
         for stack in [StackName::Cube, StackName::Fused] {
             let name = format!("{module}-{}", stack.module());
             let filter = format!("{module}::{}::", stack.module());
-            all.push(process(&name, "gpu_trainer", &[filter])?);
+            let parts = SPLIT.iter().find(|(f, _)| *f == filter).map(|(_, n)| *n);
+            match (parts, listed) {
+                (Some(parts), Some(tests)) => {
+                    all.extend(dealt(trainer, &name, &filter, tests, parts))
+                }
+                _ => all.push(process(&name, "gpu_trainer", &[filter])?),
+            }
         }
     }
     Ok(all)
+}
+
+/// The listed tests under `prefix`, dealt in turn into `parts` processes named
+/// `{name}-1`, `{name}-2`, ... (alphabetical neighbours often share a fixture and its
+/// cost, so dealing spreads them).
+fn dealt(
+    binary: &'static Binary,
+    name: &str,
+    prefix: &str,
+    tests: &[String],
+    parts: usize,
+) -> Vec<Process> {
+    let mine: Vec<&String> = tests.iter().filter(|t| t.starts_with(prefix)).collect();
+    (0..parts.min(mine.len()))
+        .map(|part| Process {
+            name: format!("{name}-{}", part + 1),
+            binary,
+            filters: mine
+                .iter()
+                .skip(part)
+                .step_by(parts)
+                .map(|t| t.to_string())
+                .collect(),
+            exact: true,
+        })
+        .collect()
 }
 
 /// A binary on the user's filters; a module of a bigger binary only on its own tests.
@@ -135,6 +187,7 @@ fn user_process(binary: &'static Binary, filters: &[String]) -> Result<Process, 
         name: binary.name.into(),
         binary,
         filters: filters.to_vec(),
+        exact: false,
     })
 }
 
@@ -148,29 +201,34 @@ pub fn groups(
     threads: Option<usize>,
 ) -> Result<Vec<Group>, String> {
     let mut steps = Vec::new();
-    for p in processes(opts)? {
+    for p in processes(opts, layout)? {
         let label = format!("{label}-{}", p.name);
         let short = [("GPU_TRAINER_SHORT", "1")];
         steps.push(Step {
             env: env(&short),
-            ..sanitized(layout, stage, &label, p.binary, &p.filters)?
+            ..sanitized(layout, stage, &label, p.binary, &p.filters, p.exact)?
         });
     }
     let at_once = threads.unwrap_or(steps.len()).max(1);
     Ok(steps.chunks(at_once).map(<[Step]>::to_vec).collect())
 }
 
-/// `binary`'s ignored tests matching `filters`, one at a time, under memcheck.
+/// `binary`'s ignored tests matching `filters` (whole names if `exact`), one at a time,
+/// under memcheck.
 pub fn sanitized(
     layout: &Layout,
     stage: Stage,
     label: &str,
     binary: &Binary,
     filters: &[String],
+    exact: bool,
 ) -> Result<Step, String> {
     let mut args = memcheck_args();
     args.push(super::path_arg(&layout.binary(binary.name)?));
     args.extend(["--ignored", "--test-threads=1"].map(String::from));
+    if exact {
+        args.push("--exact".into());
+    }
     if binary.name == "gpu_trainer" {
         // A rank process of `killed_rank_process_is_a_typed_error_on_its_peer` is not a
         // test; `two_gpus::` tests fail at once on one GPU.
@@ -294,6 +352,53 @@ mod tests {
                 .command_line()
                 .contains("--skip two_gpus::rank_process guards::cube::")
         );
+    }
+
+    /// On the GPU machine, where the trainer binary lists its tests, the slow cube
+    /// modules are dealt into processes of whole names; the rest stay a module each.
+    #[test]
+    fn slow_modules_are_dealt_into_processes_when_the_tests_are_listed() {
+        let mut layout = layout(1);
+        let trainer = binaries::find("gpu_trainer").unwrap().binary_id();
+        let names = |module: &'static str, n: usize| (0..n).map(move |i| format!("{module}t{i}"));
+        let listed = (names("guards::cube::", 6))
+            .chain(names("guards::fused::", 6))
+            .chain(names("memory::cube::", 1))
+            .chain(names("two_gpus::", 2))
+            .collect();
+        layout.ignored_tests.insert(trainer, listed);
+        let opts = StageOptions::parse(&["--bins", "gpu_trainer"]);
+        let groups = super::super::plan(Stage::Memcheck, &opts, &layout).unwrap();
+        let labels: Vec<&str> = groups[0].iter().map(|s| s.label.as_str()).collect();
+        // A split module dealt into as many processes as it has tests, none if it has
+        // none (correctness::cube, inputs::cube here); unsplit modules as before.
+        assert_eq!(
+            labels,
+            [
+                "memcheck-guards-cube-1",
+                "memcheck-guards-cube-2",
+                "memcheck-guards-cube-3",
+                "memcheck-guards-fused",
+                "memcheck-correctness-fused",
+                "memcheck-memory-cube-1",
+                "memcheck-memory-fused",
+                "memcheck-inputs-fused",
+            ]
+        );
+        let second = groups[0][1].command_line();
+        assert!(
+            second.ends_with(
+                "--ignored --test-threads=1 --exact --skip two_gpus:: \
+                 guards::cube::t1 guards::cube::t4"
+            ),
+            "{second}"
+        );
+        let fused = groups[0][3].command_line();
+        assert!(
+            fused.ends_with("--skip two_gpus:: guards::fused::"),
+            "{fused}"
+        );
+        assert!(!fused.contains("--exact"), "{fused}");
     }
 
     #[test]
