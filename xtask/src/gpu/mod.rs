@@ -5,9 +5,12 @@
 //!   [`binaries::BINARIES`] and writes `.gpu/gpu.tar.xz` and `.gpu/xtask`;
 //! - `.gpu/xtask gpu run STAGE...` (there, in the repository's root, with `.gpu`
 //!   carried): unpacks them and runs the stages of [`stages::Stage`];
+//! - `.gpu/xtask gpu bundle DIR` (there, last in a call): the outputs of several runs
+//!   side by side as one summary and one tarball;
 //! - `xtask gpu list`: the stages and the binaries.
 
 mod binaries;
+mod bundle;
 mod pack;
 mod run;
 mod stages;
@@ -38,12 +41,16 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// The stages and the binaries.
     List,
+    /// On the GPU machine, last in a call: several runs' outputs as one summary and one
+    /// tarball (the device brings back eight files).
+    Bundle(bundle::BundleArgs),
 }
 
 pub fn main(command: Command) -> Result<(), String> {
     match command {
         Command::Pack(args) => pack::pack(args),
         Command::Run(args) => run::run(*args),
+        Command::Bundle(args) => bundle::bundle(args),
         Command::List => {
             list();
             Ok(())

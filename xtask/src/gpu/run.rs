@@ -518,7 +518,12 @@ fn restore_cache(pack: &Path, cache: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn tar_gz(dir: &Path, tarball: &Path, keep: impl Fn(&Path) -> bool) -> Result<(), String> {
+/// `dir`'s files that `keep` accepts (by path inside `dir`) as a gzipped tarball.
+pub(super) fn tar_gz(
+    dir: &Path,
+    tarball: &Path,
+    keep: impl Fn(&Path) -> bool,
+) -> Result<(), String> {
     let file = File::create(tarball).map_err(io(tarball))?;
     let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
