@@ -19,9 +19,7 @@ pub struct BundleArgs {
 }
 
 pub fn bundle(args: BundleArgs) -> Result<(), String> {
-    let out = (args.out)
-        .or_else(|| std::env::var_os("OUT").map(PathBuf::from))
-        .ok_or("gpu bundle: no --out and no $OUT")?;
+    let out = super::out_dir(args.out).ok_or("gpu bundle: no --out and no $OUT")?;
     let absolute = |p: &Path| std::path::absolute(p).map_err(io(p));
     if absolute(&out)?.starts_with(absolute(&args.dir)?) {
         return Err("gpu bundle: --out must lie outside the folder it bundles".into());

@@ -16,7 +16,7 @@ mod run;
 mod stages;
 mod summary;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum as _;
 
@@ -27,6 +27,12 @@ const PAYLOAD: &str = "gpu.tar.xz";
 const CACHE: &str = "cubecl-cache.tar.gz";
 /// What was packed, inside the payload.
 const MANIFEST: &str = "manifest.json";
+
+/// Where a command on the GPU machine writes what comes back: `--out`, else the device's
+/// `$OUT`.
+fn out_dir(arg: Option<PathBuf>) -> Option<PathBuf> {
+    arg.or_else(|| std::env::var_os("OUT").map(PathBuf::from))
+}
 
 /// Names the file an I/O error concerns.
 fn io(what: &Path) -> impl Fn(std::io::Error) -> String + '_ {

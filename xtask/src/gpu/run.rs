@@ -80,10 +80,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         logs: logs.clone(),
         // `two_gpus::` tests run where there are two.
         gpus: if args.dry_run { 1 } else { count_gpus(&env) },
-        ignored_tests: if args.dry_run {
-            BTreeMap::new()
-        } else {
+        ignored_tests: if !args.dry_run && args.stages.iter().any(|s| s.reads_test_lists()) {
             ignored_tests(&test_binaries)
+        } else {
+            BTreeMap::new()
         },
         test_binaries,
     };
@@ -130,9 +130,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         return Ok(());
     }
 
-    let out = (args.out.clone())
-        .or_else(|| std::env::var_os("OUT").map(PathBuf::from))
-        .unwrap_or_else(|| pack.join("out"));
+    let out = super::out_dir(args.out.clone()).unwrap_or_else(|| pack.join("out"));
     fs::create_dir_all(&out).map_err(io(&out))?;
     fs::create_dir_all(&logs).map_err(io(&logs))?;
     restore_cache(&pack, &cache)?;

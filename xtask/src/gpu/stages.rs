@@ -61,6 +61,12 @@ impl Stage {
             .unwrap_or_default()
     }
 
+    /// Whether planning the stage reads the test binaries' lists
+    /// ([`Layout::ignored_tests`]): memcheck deals its slow modules by test name.
+    pub fn reads_test_lists(self) -> bool {
+        matches!(self, Stage::Memcheck | Stage::Suite)
+    }
+
     /// The binaries the stage runs with these options.
     pub fn binaries(self, opts: &StageOptions) -> Vec<&'static str> {
         let suites = || -> Vec<&'static str> {
@@ -327,7 +333,8 @@ pub struct Layout {
     /// Nextest binary id to the unpacked test binary.
     pub test_binaries: BTreeMap<String, PathBuf>,
     /// Nextest binary id to its `#[ignore]`d tests' names, as the binary lists them on
-    /// the GPU machine; empty in a dry run (memcheck then shows its unsplit processes).
+    /// the GPU machine for the stages that read them; empty in a dry run (memcheck then
+    /// shows its unsplit processes).
     pub ignored_tests: BTreeMap<String, Vec<String>>,
 }
 
