@@ -42,7 +42,8 @@ fn seeding_copies_stock_choices_under_our_id() {
         std::fs::create_dir_all(version.join(dir)).unwrap();
         std::fs::write(version.join(dir).join("matmul.json.log"), body).unwrap();
     }
-    let copied = child::copy_renaming(&from, &to, "device-0-0-cuda", "device-7-0-ours");
+    let rename = Some(("device-0-0-cuda", "device-7-0-ours"));
+    let copied = child::copy_renaming(&from, &to, rename);
     let seeded = to.join("autotune/0.10.0/device-7-0-ours/matmul.json.log");
     let body = std::fs::read_to_string(&seeded);
     let stale = to.join("autotune/0.10.0/device-0-0-cuda").exists();
@@ -50,6 +51,49 @@ fn seeding_copies_stock_choices_under_our_id() {
     assert_eq!(copied, 1);
     assert_eq!(body.unwrap(), "stock");
     assert!(!stale, "stock's directory copied under its own name");
+}
+
+/// Runs on any machine: publishing a child's autotune cache replaces each shared file
+/// whole with the child's (the file its stock twin is seeded from), adds the child's
+/// new ones, keeps the shared ones it lacks, and leaves no temporary file behind.
+#[test]
+fn publishing_replaces_shared_files_whole() {
+    let root = std::env::temp_dir().join(format!("gpu-publish-test-{}", std::process::id()));
+    let (child_dir, shared) = (
+        root.join("child/0.10.0/ours"),
+        root.join("shared/0.10.0/ours"),
+    );
+    std::fs::create_dir_all(&child_dir).unwrap();
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(
+        shared.join("matmul.json.log"),
+        "other test's longer choices",
+    )
+    .unwrap();
+    std::fs::write(shared.join("reduce.json.log"), "kept").unwrap();
+    std::fs::write(child_dir.join("matmul.json.log"), "child's").unwrap();
+    std::fs::write(child_dir.join("conv.json.log"), "new").unwrap();
+    child::publish(&root.join("child"), &root.join("shared"));
+    let read = |name: &str| std::fs::read_to_string(shared.join(name)).unwrap_or_default();
+    let (matmul, reduce, conv) = (
+        read("matmul.json.log"),
+        read("reduce.json.log"),
+        read("conv.json.log"),
+    );
+    let mut names: Vec<_> = std::fs::read_dir(&shared)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(
+        (matmul.as_str(), reduce.as_str(), conv.as_str()),
+        ("child's", "kept", "new")
+    );
+    assert_eq!(
+        names,
+        ["conv.json.log", "matmul.json.log", "reduce.json.log"]
+    );
 }
 
 /// Runs on any machine: a child process of this test hands its outputs back bit for bit
@@ -271,7 +315,7 @@ fn op_parity(test: &'static str, ours: &str, stock: &str) {
     }
     let children = Children::new(test);
     let ours_run = children.ours(ours);
-    let pinned = children.stock_with_our_choices(stock);
+    let pinned = children.stock_with_choices_of(&ours_run, stock);
     let own = children.fresh(stock);
     let (own_worst, _) = compare_suites(&ours_run.outputs, &own.outputs);
     let (worst, failures) = compare_suites(&ours_run.outputs, &pinned.outputs);
@@ -319,7 +363,7 @@ fn t1_smoke_add_matmul_matches_burn_cuda() {
     drop(client);
     let children = Children::new(TEST);
     let ours = children.ours("ours");
-    let stock = children.stock_with_our_choices("stock");
+    let stock = children.stock_with_choices_of(&ours, "stock");
     let err = rel_err(&values(&ours.outputs[0]), &values(&stock.outputs[0]));
     println!("smoke: add+matmul rel err {err:e} under the same kernel choice");
     assert!(err <= 1e-5, "rel err {err}");
@@ -360,8 +404,9 @@ fn lstm_parity(test: &'static str, config: (usize, usize, usize), steps: usize) 
         return write_outputs(&[output("losses", false, &losses)]);
     }
     let children = Children::new(test);
-    let ours = values(&children.ours("ours-fused").outputs[0]);
-    let pinned = children.stock_with_our_choices("stock-fused");
+    let ours_run = children.ours("ours-fused");
+    let pinned = children.stock_with_choices_of(&ours_run, "stock-fused");
+    let ours = values(&ours_run.outputs[0]);
     let stock = values(&pinned.outputs[0]);
     assert_eq!(ours.len(), steps, "ours measured {} losses", ours.len());
     let worst = ours

@@ -22,6 +22,7 @@ use cubecl_runtime::config::{
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The stack a child measures (its presence makes a test a child).
 const STACK_VAR: &str = "GPU_CHILD_STACK";
@@ -31,7 +32,10 @@ const OUT_VAR: &str = "GPU_CHILD_OUT";
 const AUTOTUNE_VAR: &str = "GPU_CHILD_AUTOTUNE";
 /// Where this runtime's children keep their autotune results across tests and binaries
 /// (set by `xtask gpu run`, so each shape is tuned once per run); a temporary
-/// directory per test otherwise.
+/// directory per test otherwise. No child tunes in it directly: tests run side by side,
+/// and CubeCL keeps the first result a key was stored with, not the one a second process
+/// tuned at the same time and ran (H200, session 24: `t3` and `t4` beside each other
+/// seeded stock with the other's matmul choice, 2.5e-4 apart).
 const OURS_AUTOTUNE_VAR: &str = "GPU_OURS_AUTOTUNE";
 /// Autotune's log line for a key it had to tune (not found in the cache).
 const TUNED_LINE: &str = "Fastest result";
@@ -81,6 +85,8 @@ pub struct ChildRun {
     pub outputs: Vec<Output>,
     /// Autotune's "Fastest result" lines: one per key the child had to tune itself.
     pub choices: Vec<String>,
+    /// The autotune cache the child ran with: every choice it made is there.
+    autotune: PathBuf,
 }
 
 /// The children of one parent test, in a temporary directory removed on drop.
@@ -113,22 +119,28 @@ impl Children {
         self.run(stack, &autotune)
     }
 
-    /// Runs one of this runtime's stacks with the autotune cache this test (or, under
-    /// `xtask gpu run`, this run) has built so far.
+    /// Runs one of this runtime's stacks on a private copy of the autotune results this
+    /// test (or, under `xtask gpu run`, this run) has stored so far, then stores what it
+    /// tuned there for the next children.
     pub fn ours(&self, stack: &str) -> ChildRun {
-        self.run(stack, &self.ours_autotune)
+        let autotune = self.next_dir();
+        copy_renaming(&self.ours_autotune, &autotune, None);
+        let run = self.run(stack, &autotune);
+        publish(&autotune, &self.ours_autotune);
+        run
     }
 
-    /// Runs a stock stack with the autotune results this runtime's children have stored
-    /// so far, under stock's tuner id: every op ours tuned runs the kernel ours chose.
-    pub fn stock_with_our_choices(&self, stack: &str) -> ChildRun {
+    /// Runs a stock stack with the autotune results `ours` ran with, under stock's tuner
+    /// id: every op `ours` tuned or found runs the kernel `ours` ran.
+    pub fn stock_with_choices_of(&self, ours: &ChildRun, stack: &str) -> ChildRun {
         let autotune = self.next_dir();
         let (stock_id, ours_id) = tuner_ids();
-        let copied = copy_renaming(&self.ours_autotune, &autotune, &ours_id, &stock_id);
+        let rename = Some((ours_id.as_str(), stock_id.as_str()));
+        let copied = copy_renaming(&ours.autotune, &autotune, rename);
         assert!(
             copied > 0,
             "no autotune results of this runtime under {}",
-            self.ours_autotune.display()
+            ours.autotune.display()
         );
         self.run(stack, &autotune)
     }
@@ -168,6 +180,7 @@ impl Children {
         ChildRun {
             outputs: serde_json::from_slice(&bytes).expect("child outputs parse"),
             choices,
+            autotune: autotune.to_path_buf(),
         }
     }
 }
@@ -191,23 +204,25 @@ fn tuner_ids() -> (String, String) {
     )
 }
 
-/// Copies the tree `from` into `to`, renaming every path component `old` to `new` and
-/// leaving out those already named `new` (the other runtime's own results, when the
-/// cache is shared with a run of both); returns the number of files copied.
-pub fn copy_renaming(from: &Path, to: &Path, old: &str, new: &str) -> usize {
+/// Copies the tree `from` into `to`; with `rename` = `(old, new)`, every path component
+/// `old` becomes `new` and those already named `new` are left out (the other runtime's
+/// own results, when the cache is shared with a run of both). Returns the number of
+/// files copied.
+pub fn copy_renaming(from: &Path, to: &Path, rename: Option<(&str, &str)>) -> usize {
     let Ok(entries) = std::fs::read_dir(from) else {
         return 0;
     };
     let mut copied = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if name == new {
-            continue;
-        }
-        let target = to.join(if name == old { new.into() } else { name });
+        let target = match rename {
+            Some((_, new)) if name == new => continue,
+            Some((old, new)) if name == old => to.join(new),
+            _ => to.join(name),
+        };
         let path = entry.path();
         if path.is_dir() {
-            copied += copy_renaming(&path, &target, old, new);
+            copied += copy_renaming(&path, &target, rename);
         } else {
             std::fs::create_dir_all(to).expect("autotune dir");
             std::fs::copy(&path, &target).expect("autotune file copies");
@@ -215,4 +230,29 @@ pub fn copy_renaming(from: &Path, to: &Path, old: &str, new: &str) -> usize {
         }
     }
     copied
+}
+
+/// Files [`publish`] has written in this process (their temporary names differ).
+static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
+
+/// Stores a child's autotune cache `from` into the shared one `to`, each file whole
+/// (written beside its place, then renamed over it), so a test copying `to` at the same
+/// time reads one child's complete file or another's. A file another test published
+/// meanwhile is replaced: its new keys are tuned again later, never mixed into a run.
+pub fn publish(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let (path, target) = (entry.path(), to.join(entry.file_name()));
+        if path.is_dir() {
+            publish(&path, &target);
+        } else {
+            std::fs::create_dir_all(to).expect("shared autotune dir");
+            let n = PUBLISHED.fetch_add(1, Ordering::Relaxed);
+            let part = to.join(format!(".{}-{n}.part", std::process::id()));
+            std::fs::copy(&path, &part).expect("autotune file copies");
+            std::fs::rename(&part, &target).expect("autotune file replaces");
+        }
+    }
 }
