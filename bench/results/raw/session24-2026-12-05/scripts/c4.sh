@@ -3,7 +3,7 @@
 # (fresh work folders: cold caches, then the second beside nothing) | precision.
 export CUDA_PATH=/usr/local/cuda LD_LIBRARY_PATH=/usr/local/cuda/lib64
 chmod +x .gpu/xtask
-X=.gpu/xtask; O=/tmp/o4; D=${D:-430}
+X=.gpu/xtask; O=/tmp/o4; D=${D:-330}
 mkdir -p $O
 ( $X gpu run tests --bins gpu_runtime -j 8 --work /tmp/g10 --out $O/rt1 --deadline $D > $O/rt1.log 2>&1
   $X gpu run tests --bins gpu_runtime -j 8 --work /tmp/g11 --out $O/rt2 --deadline $(( D - SECONDS )) > $O/rt2.log 2>&1 ) &
