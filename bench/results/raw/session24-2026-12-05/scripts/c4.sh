@@ -1,6 +1,6 @@
 #!/bin/bash
-# Call 4, after the autotune-cache fix (b375adf): every gpu_runtime test at once, twice
-# (fresh work folders: cold caches, then the second beside nothing) | precision.
+# Call 4, after the autotune-cache fix (b375adf): every gpu_runtime test at once, again
+# from a fresh work folder if 150 s are left | precision.
 export CUDA_PATH=/usr/local/cuda LD_LIBRARY_PATH=/usr/local/cuda/lib64
 chmod +x .gpu/xtask
 X=.gpu/xtask; O=/tmp/o4; D=${D:-290}
