@@ -55,7 +55,8 @@ fn seeding_copies_stock_choices_under_our_id() {
 
 /// Runs on any machine: publishing a child's autotune cache replaces each shared file
 /// whole with the child's (the file its stock twin is seeded from), adds the child's
-/// new ones, keeps the shared ones it lacks, and leaves no temporary file behind.
+/// new ones, keeps the shared ones it lacks, and leaves no temporary file behind; a
+/// copy of the shared cache leaves out a file another test is publishing.
 #[test]
 fn publishing_replaces_shared_files_whole() {
     let root = std::env::temp_dir().join(format!("gpu-publish-test-{}", std::process::id()));
@@ -74,6 +75,9 @@ fn publishing_replaces_shared_files_whole() {
     std::fs::write(child_dir.join("matmul.json.log"), "child's").unwrap();
     std::fs::write(child_dir.join("conv.json.log"), "new").unwrap();
     child::publish(&root.join("child"), &root.join("shared"));
+    std::fs::write(shared.join(".999-0.part"), "half of another test's file").unwrap();
+    let copied = child::copy_renaming(&root.join("shared"), &root.join("copy"), None);
+    std::fs::remove_file(shared.join(".999-0.part")).unwrap();
     let read = |name: &str| std::fs::read_to_string(shared.join(name)).unwrap_or_default();
     let (matmul, reduce, conv) = (
         read("matmul.json.log"),
@@ -94,6 +98,7 @@ fn publishing_replaces_shared_files_whole() {
         names,
         ["conv.json.log", "matmul.json.log", "reduce.json.log"]
     );
+    assert_eq!(copied, 3, "the copy took the file being published");
 }
 
 /// Runs on any machine: a child process of this test hands its outputs back bit for bit

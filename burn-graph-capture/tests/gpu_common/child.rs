@@ -215,6 +215,9 @@ pub fn copy_renaming(from: &Path, to: &Path, rename: Option<(&str, &str)>) -> us
     let mut copied = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
+        if name.to_string_lossy().ends_with(PART) {
+            continue; // another test's file being published: renamed away any moment
+        }
         let target = match rename {
             Some((_, new)) if name == new => continue,
             Some((old, new)) if name == old => to.join(new),
@@ -234,6 +237,8 @@ pub fn copy_renaming(from: &Path, to: &Path, rename: Option<(&str, &str)>) -> us
 
 /// Files [`publish`] has written in this process (their temporary names differ).
 static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
+/// The suffix of a file [`publish`] is writing, before it renames it into place.
+const PART: &str = ".part";
 
 /// Stores a child's autotune cache `from` into the shared one `to`, each file whole
 /// (written beside its place, then renamed over it), so a test copying `to` at the same
@@ -250,7 +255,7 @@ pub fn publish(from: &Path, to: &Path) {
         } else {
             std::fs::create_dir_all(to).expect("shared autotune dir");
             let n = PUBLISHED.fetch_add(1, Ordering::Relaxed);
-            let part = to.join(format!(".{}-{n}.part", std::process::id()));
+            let part = to.join(format!(".{}-{n}{PART}", std::process::id()));
             std::fs::copy(&path, &part).expect("autotune file copies");
             std::fs::rename(&part, &target).expect("autotune file replaces");
         }
