@@ -126,7 +126,7 @@ impl Children {
         let autotune = self.next_dir();
         copy_renaming(&self.ours_autotune, &autotune, None);
         let run = self.run(stack, &autotune);
-        publish(&autotune, &self.ours_autotune);
+        copy_renaming(&autotune, &self.ours_autotune, None);
         run
     }
 
@@ -208,6 +208,12 @@ fn tuner_ids() -> (String, String) {
 /// `old` becomes `new` and those already named `new` are left out (the other runtime's
 /// own results, when the cache is shared with a run of both). Returns the number of
 /// files copied.
+///
+/// Each file is written whole: beside its place under a temporary name, then renamed
+/// over it. So a test copying the run's shared cache while another child's results are
+/// published into it (`Children::ours`) reads one child's complete file or another's,
+/// and skips the temporary ones. A file published meanwhile is replaced: its new keys
+/// are tuned again later, never mixed into a run.
 pub fn copy_renaming(from: &Path, to: &Path, rename: Option<(&str, &str)>) -> usize {
     let Ok(entries) = std::fs::read_dir(from) else {
         return 0;
@@ -228,36 +234,17 @@ pub fn copy_renaming(from: &Path, to: &Path, rename: Option<(&str, &str)>) -> us
             copied += copy_renaming(&path, &target, rename);
         } else {
             std::fs::create_dir_all(to).expect("autotune dir");
-            std::fs::copy(&path, &target).expect("autotune file copies");
+            let n = WRITTEN.fetch_add(1, Ordering::Relaxed);
+            let part = to.join(format!(".{}-{n}{PART}", std::process::id()));
+            std::fs::copy(&path, &part).expect("autotune file copies");
+            std::fs::rename(&part, &target).expect("autotune file replaces");
             copied += 1;
         }
     }
     copied
 }
 
-/// Files [`publish`] has written in this process (their temporary names differ).
-static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
-/// The suffix of a file [`publish`] is writing, before it renames it into place.
+/// Files [`copy_renaming`] has written in this process (their temporary names differ).
+static WRITTEN: AtomicUsize = AtomicUsize::new(0);
+/// The suffix of a file [`copy_renaming`] is writing, before it renames it into place.
 const PART: &str = ".part";
-
-/// Stores a child's autotune cache `from` into the shared one `to`, each file whole
-/// (written beside its place, then renamed over it), so a test copying `to` at the same
-/// time reads one child's complete file or another's. A file another test published
-/// meanwhile is replaced: its new keys are tuned again later, never mixed into a run.
-pub fn publish(from: &Path, to: &Path) {
-    let Ok(entries) = std::fs::read_dir(from) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let (path, target) = (entry.path(), to.join(entry.file_name()));
-        if path.is_dir() {
-            publish(&path, &target);
-        } else {
-            std::fs::create_dir_all(to).expect("shared autotune dir");
-            let n = PUBLISHED.fetch_add(1, Ordering::Relaxed);
-            let part = to.join(format!(".{}-{n}{PART}", std::process::id()));
-            std::fs::copy(&path, &part).expect("autotune file copies");
-            std::fs::rename(&part, &target).expect("autotune file replaces");
-        }
-    }
-}
