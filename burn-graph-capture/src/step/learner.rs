@@ -7,7 +7,8 @@
 //! running statistics are flushed into the module. A step recorded into a graph thus
 //! does what an eager step does, op for op.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
@@ -20,13 +21,13 @@ use super::random::TrainerRandom;
 use crate::backend::{GraphBackend, GraphCapture, TrainBackend};
 use crate::optim::CapturableOptimizer;
 
-/// Why the model can be missing: an optimizer step that panicked took it.
-const LOST: &str = "the trainer's model was lost: its optimizer panicked in an earlier step";
+/// Why the model can be missing: taken by [`Learner::update`] while it runs.
+const LOST: &str = "the trainer's model is missing: a model update did not return";
 
 /// The model and the optimizer that updates it.
 pub(crate) struct Learner<M, O> {
-    /// `None` only while [`update`](Self::update) runs, or after an optimizer panicked
-    /// in it.
+    /// `None` only while [`update`](Self::update) runs, or after a panic in a caller's
+    /// `update` other than the optimizer's step (which puts the model back).
     model: Option<M>,
     optimizer: O,
 }
@@ -39,7 +40,7 @@ impl<M, O> Learner<M, O> {
         }
     }
 
-    /// The model. Panics only if an optimizer panicked inside an earlier update.
+    /// The model. Panics only if a panic left an earlier [`update`](Self::update).
     pub(crate) fn model(&self) -> &M {
         self.model.as_ref().expect(LOST)
     }
@@ -101,8 +102,38 @@ impl<M, O> Learner<M, O> {
         if let Some(rank) = rank {
             average_gradients(self.model(), &mut grads, rank).map_err(StepError::DataParallel)?;
         }
-        self.update(|model, optimizer| settle(optimizer.step(model, grads)));
+        self.optimize(grads);
         Ok(item)
+    }
+
+    /// The optimizer's update of the model, then [`settle`]. A panic in it (a user's
+    /// optimizer, a shape error) leaves the model and the optimizer state as they were
+    /// before it and goes on to the caller, as a panic in the step closure does: both
+    /// are kept aside first as handles (no device work), which also keeps the update
+    /// from writing into them in place, so they still hold the pre-step values.
+    fn optimize<B>(&mut self, grads: burn::optim::GradientsParams)
+    where
+        B: AutodiffBackend<InnerBackend: GraphBackend>,
+        M: AutodiffModule<B>,
+        O: CapturableOptimizer<M, B>,
+    {
+        let before = self.model().clone();
+        let mut state = HashMap::new();
+        self.optimizer.visit_state(&mut |slot, tensor| {
+            state.insert(slot, tensor.clone());
+        });
+        let updated = catch_unwind(AssertUnwindSafe(|| {
+            self.update(|model, optimizer| settle(optimizer.step(model, grads)))
+        }));
+        if let Err(panic) = updated {
+            self.model = Some(before);
+            self.optimizer.visit_state(&mut |slot, tensor| {
+                if let Some(saved) = state.remove(&slot) {
+                    *tensor = saved;
+                }
+            });
+            resume_unwind(panic);
+        }
     }
 }
 

@@ -71,11 +71,12 @@ pub struct StepOutcome<T> {
 /// belongs in the batch, as a tensor or a `#[step_input(key)]` field. Tensors the
 /// closure keeps beyond a call alias the trainer's buffers.
 ///
-/// # Panics in the step closure
+/// # Panics in the step closure or the optimizer
 /// The closure borrows the model, and the update is applied only after it returns. A
 /// panic in the closure therefore propagates to the caller with the model and the
 /// optimizer state as they were before the step; the trainer remains usable and the
-/// step is not counted.
+/// step is not counted. A panic in the optimizer's update does the same: the model and
+/// the state are kept aside before it and put back.
 pub struct GraphTrainer<G, M, O, I, F, R = Tensor<TrainBackend<G>, 1>>
 where
     G: GraphBackend,

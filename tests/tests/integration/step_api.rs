@@ -3,10 +3,12 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::backend::Flex;
+use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_graph_capture::optim::CapturableAdam;
+use burn_graph_capture::optim::{CapturableAdam, CapturableOptimizer, StateSlot};
 use burn_graph_capture::{
-    FallbackReason, GraphTrainer, GraphTrainerConfig, StepError, StepMode, TrainerReport,
+    FallbackReason, GraphCapture, GraphTrainer, GraphTrainerConfig, StepError, StepMode,
+    TrainerReport,
 };
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
@@ -93,6 +95,106 @@ fn a_panicking_step_closure_keeps_the_model() {
     assert_eq!(trainer.report().steps, 1, "the failed step is not counted");
     let next = trainer.step(batch(&mut task)).unwrap();
     assert_eq!(next.mode, StepMode::Eager(FallbackReason::Warmup));
+}
+
+/// Adam that panics in its `fail_at`-th step (counted from 1), after updating its state:
+/// a user's optimizer that fails halfway.
+#[derive(Clone)]
+struct FailingAdam {
+    inner: CapturableAdam<B>,
+    steps: usize,
+    fail_at: usize,
+}
+
+impl CapturableOptimizer<Model, B> for FailingAdam {
+    type Record = <CapturableAdam<B> as CapturableOptimizer<Model, B>>::Record;
+
+    fn init_state(&mut self, module: &Model) {
+        CapturableOptimizer::<Model, B>::init_state(&mut self.inner, module);
+    }
+
+    fn step(&mut self, module: Model, grads: GradientsParams) -> Model {
+        self.steps += 1;
+        let updated = CapturableOptimizer::<Model, B>::step(&mut self.inner, module, grads);
+        assert!(self.steps != self.fail_at, "the optimizer failed");
+        updated
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        CapturableOptimizer::<Model, B>::set_lr(&mut self.inner, lr);
+    }
+
+    fn visit_state(
+        &mut self,
+        visitor: &mut dyn FnMut(StateSlot, &mut Tensor<GraphCapture<Flex>, 1>),
+    ) {
+        CapturableOptimizer::<Model, B>::visit_state(&mut self.inner, visitor);
+    }
+
+    fn to_record(&self) -> Self::Record {
+        CapturableOptimizer::<Model, B>::to_record(&self.inner)
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        let inner = CapturableOptimizer::<Model, B>::load_record(self.inner, record);
+        Self { inner, ..self }
+    }
+}
+
+/// Every state tensor's bits, in visiting order.
+fn state_bits(optimizer: &mut impl CapturableOptimizer<Model, B>) -> Vec<Vec<u32>> {
+    let mut bits = Vec::new();
+    optimizer.visit_state(&mut |_, tensor| {
+        let values = tensor.clone().into_data().to_vec::<f32>().unwrap();
+        bits.push(values.into_iter().map(f32::to_bits).collect());
+    });
+    bits
+}
+
+#[test]
+fn a_panicking_optimizer_keeps_the_model_and_its_state() {
+    let _rng = crate::common::rng::shared();
+    let bytes = model_bytes();
+    let failing = FailingAdam {
+        inner: adam(),
+        steps: 0,
+        fail_at: 3,
+    };
+    let mut trainer = GraphTrainer::new(model(&bytes), failing, loss, GraphTrainerConfig::new());
+    let mut task = SineTask::new(5, 32);
+    let batches: Vec<_> = (0..5).map(|_| batch(&mut task)).collect();
+    for batch in &batches[..2] {
+        trainer.step(batch.clone()).unwrap();
+    }
+    let model_before = parameter_bits(trainer.model().unwrap());
+    let state_before = state_bits(&mut trainer.optimizer().clone());
+
+    let result = catch_unwind(AssertUnwindSafe(|| trainer.step(batches[2].clone())));
+    assert!(result.is_err(), "the optimizer's panic reaches the caller");
+    assert!(
+        parameter_bits(trainer.model().unwrap()) == model_before,
+        "model as before the step"
+    );
+    assert_eq!(
+        state_bits(&mut trainer.optimizer().clone()),
+        state_before,
+        "optimizer state as before"
+    );
+    assert_eq!(trainer.report().steps, 2, "the failed step is not counted");
+
+    // Training goes on as plain code that never ran the failed step.
+    for batch in &batches[3..] {
+        trainer.step(batch.clone()).unwrap();
+    }
+    let mut plain_model = model(&bytes);
+    let mut plain = adam();
+    plain.init_state(&plain_model);
+    for batch in batches[..2].iter().chain(&batches[3..]) {
+        let grads = GradientsParams::from_grads(loss(&plain_model, batch).backward(), &plain_model);
+        plain_model = plain.step(plain_model, grads);
+    }
+    let (model, _) = trainer.into_parts();
+    assert!(parameter_bits(&model) == parameter_bits(&plain_model));
 }
 
 #[test]
