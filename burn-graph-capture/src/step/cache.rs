@@ -117,8 +117,12 @@ pub(crate) enum Phase<G> {
     /// A graph whose next step runs eagerly and must do what the graph recorded before
     /// the graph replays again.
     Suspect { graph: G, check: Check },
-    /// This shape runs eagerly for good.
-    Disabled(FallbackReason),
+    /// This shape runs eagerly for `reason`: for good, or (`left`) for that many more
+    /// steps, after which it warms up again (`CacheLimits::rewarm_after`).
+    Disabled {
+        reason: FallbackReason,
+        left: Option<usize>,
+    },
 }
 
 impl<G> Phase<G> {
@@ -130,13 +134,35 @@ impl<G> Phase<G> {
     }
 }
 
-/// One input shape: its phase, when it was last planned, and how often its warmup
-/// started over since it last got a graph.
+/// One input shape: its phase, when it was last planned, how often its warmup started
+/// over, and how often it was made eager, since it last got a graph.
 #[derive(Debug)]
 struct Entry<G> {
     phase: Phase<G>,
     used: u64,
     restarts: usize,
+    disables: u32,
+}
+
+impl<G> Entry<G> {
+    fn new(used: u64) -> Self {
+        Self {
+            phase: placeholder(),
+            used,
+            restarts: 0,
+            disables: 0,
+        }
+    }
+
+    /// Makes the shape eager for `reason`, for a wait that doubles with every time it
+    /// was made eager since its last graph, up to [`MAX_BACKOFF`] times `rewarm_after`
+    /// (`0`: for good).
+    fn disable(&mut self, reason: FallbackReason, rewarm_after: usize) {
+        let doubling = self.disables.min(MAX_BACKOFF.trailing_zeros());
+        self.disables = self.disables.saturating_add(1);
+        let left = (rewarm_after > 0).then(|| rewarm_after.saturating_mul(1 << doubling));
+        self.phase = Phase::Disabled { reason, left };
+    }
 }
 
 /// What the trainer should do for one step.
@@ -170,7 +196,13 @@ pub(crate) struct CacheLimits {
     pub(crate) max_restarts: usize,
     /// Replays between two checks of a graph against an eager step; 0: never.
     pub(crate) verify_every: usize,
+    /// Eager steps of a shape made eager for a reason before it warms up again (doubled
+    /// at each repeat, up to [`MAX_BACKOFF`] times); 0: eager for good.
+    pub(crate) rewarm_after: usize,
 }
+
+/// The longest wait of a shape made eager, in multiples of `rewarm_after`.
+const MAX_BACKOFF: usize = 32;
 
 /// Shapes without a graph remembered at most: beyond it, the least recently used of
 /// them is forgotten (and warms up again if it comes back).
@@ -193,6 +225,8 @@ pub(crate) struct GraphCache<G> {
     clock: u64,
     /// Graphs dropped to make room for another shape's.
     evictions: usize,
+    /// Times a shape made eager warmed up again.
+    rewarms: usize,
 }
 
 impl<G: Recorded> GraphCache<G> {
@@ -205,6 +239,7 @@ impl<G: Recorded> GraphCache<G> {
             },
             clock: 0,
             evictions: 0,
+            rewarms: 0,
         }
     }
 
@@ -224,20 +259,26 @@ impl<G: Recorded> GraphCache<G> {
     /// starts over with this step as the first, so that work done once (a constant built
     /// lazily on first use, an anchor that parts from the trainer's buffers after the
     /// first update) settles. After `max_restarts` restarts the shape stays eager for
-    /// `reason`. A step that cannot be graphed itself (a breaker) starts it over empty.
-    fn restarted(&self, restarts: usize, step: Observation, reason: FallbackReason) -> Phase<G> {
+    /// `reason` (the `Err`). A step that cannot be graphed itself (a breaker) starts it
+    /// over empty.
+    fn restarted(
+        &self,
+        restarts: usize,
+        step: Observation,
+        reason: FallbackReason,
+    ) -> Result<Phase<G>, FallbackReason> {
         if restarts > self.limits.max_restarts {
-            return Phase::Disabled(reason);
+            return Err(reason);
         }
         if step.verdict(None).is_some() {
-            return placeholder();
+            return Ok(placeholder());
         }
         // Counted as a warmup step, except where it would be the last: the last one
         // must run on the pins (`Graphs::rehearsal_inputs`).
-        Phase::Warming {
+        Ok(Phase::Warming {
             done: 1.min(self.limits.warmup_steps - 1),
             seen: Some(step),
-        }
+        })
     }
 
     /// Decides how the step for `key` runs. `hardware` tells whether graphs exist.
@@ -245,16 +286,24 @@ impl<G: Recorded> GraphCache<G> {
         self.clock += 1;
         if !self.entries.contains_key(key) {
             self.forget_one_without_graph();
-            let entry = Entry {
-                phase: placeholder(),
-                used: 0,
-                restarts: 0,
-            };
-            self.entries.insert(key.clone(), entry);
+            self.entries.insert(key.clone(), Entry::new(0));
         }
         let verify_every = self.limits.verify_every;
         let entry = self.entries.get_mut(key).expect("inserted above");
         entry.used = self.clock;
+        if let Phase::Disabled {
+            left: Some(left), ..
+        } = &mut entry.phase
+        {
+            if *left == 0 {
+                tracing::debug!(?key, "a shape made eager warms up again");
+                entry.phase = placeholder();
+                entry.restarts = 0;
+                self.rewarms += 1;
+            } else {
+                *left -= 1;
+            }
+        }
         if let Phase::Captured { replays, .. } = &entry.phase
             && verify_every > 0
             && *replays >= verify_every
@@ -273,7 +322,7 @@ impl<G: Recorded> GraphCache<G> {
                 Plan::Replay
             }
             Phase::Suspect { check, .. } => Plan::Verify(check.reason()),
-            Phase::Disabled(reason) => Plan::Eager(reason.clone()),
+            Phase::Disabled { reason, .. } => Plan::Eager(reason.clone()),
         }
     }
 
@@ -323,9 +372,13 @@ impl<G: Recorded> GraphCache<G> {
             return;
         };
         let phase = self.restarted(restarts, step, reason);
+        let rewarm_after = self.limits.rewarm_after;
         let entry = self.entries.get_mut(key).expect("looked up above");
-        entry.phase = phase;
         entry.restarts = restarts;
+        match phase {
+            Ok(phase) => entry.phase = phase,
+            Err(reason) => entry.disable(reason, rewarm_after),
+        }
     }
 
     /// Records a warmup step. Returns the reason it did not count as one, if it did
@@ -367,13 +420,10 @@ impl<G: Recorded> GraphCache<G> {
     /// Stores the graph captured for `key`; its warmup restarts are forgiven.
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
         let used = self.clock;
-        let entry = self.entries.entry(key.clone()).or_insert(Entry {
-            phase: placeholder(),
-            used,
-            restarts: 0,
-        });
+        let entry = self.entries.entry(key.clone()).or_insert(Entry::new(used));
         entry.phase = Phase::Captured { graph, replays: 0 };
         entry.restarts = 0;
+        entry.disables = 0;
     }
 
     /// A capture of `key` whose recorded step did not do what warmup did: the shape's
@@ -420,15 +470,12 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
-    /// Makes `key` eager for good.
+    /// Makes `key` eager for `reason`, until it warms up again (`rewarm_after`).
     pub(crate) fn disable(&mut self, key: &InputKey, reason: FallbackReason) {
         let used = self.clock;
-        let entry = self.entries.entry(key.clone()).or_insert(Entry {
-            phase: placeholder(),
-            used,
-            restarts: 0,
-        });
-        entry.phase = Phase::Disabled(reason);
+        let rewarm_after = self.limits.rewarm_after;
+        let entry = self.entries.entry(key.clone()).or_insert(Entry::new(used));
+        entry.disable(reason, rewarm_after);
     }
 
     /// The graph for `key`, if one was captured.
@@ -495,10 +542,12 @@ impl<G: Recorded> GraphCache<G> {
         self.entries.clear();
     }
 
-    /// Makes every shape eager for good (dropping all graphs).
+    /// Makes every shape eager for `reason` (dropping all graphs), each until it warms
+    /// up again (`rewarm_after`).
     pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
+        let rewarm_after = self.limits.rewarm_after;
         for entry in self.entries.values_mut() {
-            entry.phase = Phase::Disabled(reason.clone());
+            entry.disable(reason.clone(), rewarm_after);
         }
     }
 
@@ -513,6 +562,11 @@ impl<G: Recorded> GraphCache<G> {
     /// Graphs dropped so far to make room for another shape's.
     pub(crate) fn evictions(&self) -> usize {
         self.evictions
+    }
+
+    /// Times a shape made eager warmed up again.
+    pub(crate) fn rewarms(&self) -> usize {
+        self.rewarms
     }
 }
 
@@ -533,13 +587,31 @@ mod tests {
         }
     }
 
-    /// Limits with `max_graphs` and `warmup_steps`, 3 restarts and no periodic checks.
+    /// Limits with `max_graphs` and `warmup_steps`, 3 restarts, no periodic checks, and
+    /// shapes made eager stay eager.
     fn limits(max_graphs: usize, warmup_steps: usize) -> CacheLimits {
         CacheLimits {
             max_graphs,
             warmup_steps,
             max_restarts: 3,
             verify_every: 0,
+            rewarm_after: 0,
+        }
+    }
+
+    /// Plans `steps` steps of `key` and asserts each is eager for `reason`.
+    fn eager_for(
+        cache: &mut GraphCache<Fake>,
+        key: &InputKey,
+        steps: usize,
+        reason: &FallbackReason,
+    ) {
+        for step in 0..steps {
+            assert_eq!(
+                cache.plan(key, true),
+                Plan::Eager(reason.clone()),
+                "step {step}"
+            );
         }
     }
 
@@ -739,6 +811,67 @@ mod tests {
             );
         }
         assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
+    }
+
+    #[test]
+    fn a_shape_made_eager_warms_up_again_after_a_doubling_wait() {
+        let mut cache = GraphCache::<Fake>::new(CacheLimits {
+            rewarm_after: 5,
+            ..limits(4, 1)
+        });
+        let reason = FallbackReason::Graph(crate::backend::GraphError::NoArena);
+        for wait in [5, 10, 20, 40, 80, 160, 160] {
+            cache.disable(&key(8), reason.clone());
+            eager_for(&mut cache, &key(8), wait, &reason);
+            assert_eq!(
+                cache.plan(&key(8), true),
+                Plan::Warmup,
+                "after {wait} steps"
+            );
+        }
+        assert_eq!(cache.rewarms(), 7);
+        // A graph forgives the waits: the next one is the shortest again.
+        assert_eq!(cache.warmed(&key(8), observed(2, &[])), None);
+        capture(&mut cache, &key(8), "a");
+        cache.disable(&key(8), reason.clone());
+        eager_for(&mut cache, &key(8), 5, &reason);
+        assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+    }
+
+    #[test]
+    fn a_shape_disabled_by_its_restarts_tries_again_and_graphs_once_settled() {
+        let mut cache = GraphCache::<Fake>::new(CacheLimits {
+            rewarm_after: 3,
+            ..limits(4, 2)
+        });
+        // A transient schedule: every step differs from the one before, four times.
+        for ops in [2, 3, 4, 5, 6] {
+            assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+            cache.warmed(&key(8), observed(ops, &[]));
+        }
+        let reason = FallbackReason::NonStaticControlFlow {
+            first_difference: 5,
+        };
+        eager_for(&mut cache, &key(8), 3, &reason);
+        // Settled since: the shape warms up from scratch and graphs.
+        warm(&mut cache, &key(8), 2);
+        capture(&mut cache, &key(8), "settled");
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+        // Restarts counted afresh: one differing step does not disable it again.
+        assert_eq!(cache.rewarms(), 1);
+    }
+
+    #[test]
+    fn a_trainer_made_eager_tries_every_shape_again() {
+        let mut cache = GraphCache::new(CacheLimits {
+            rewarm_after: 2,
+            ..limits(4, 1)
+        });
+        warm(&mut cache, &key(8), 1);
+        capture(&mut cache, &key(8), "a");
+        cache.disable_all(FallbackReason::RecaptureLimit);
+        eager_for(&mut cache, &key(8), 2, &FallbackReason::RecaptureLimit);
+        assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
     }
 
     #[test]

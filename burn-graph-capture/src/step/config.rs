@@ -35,9 +35,18 @@ pub struct GraphTrainerConfig {
     #[config(default = 100)]
     pub verify_every: usize,
     /// Most times graphs are dropped and captured again after pinned buffers changed;
-    /// after that the trainer stays eager.
+    /// after that the trainer runs eagerly (`RecaptureLimit`), until its shapes warm
+    /// up again (`rewarm_after`).
     #[config(default = 2)]
     pub max_recaptures: usize,
+    /// Eager steps of a shape that was made eager for a reason (its warmup kept
+    /// changing, a breaker, a failed capture, `RecaptureLimit`) before it warms up and
+    /// tries for a graph again: a schedule that settles, or a failure that passed,
+    /// graphs then. The wait doubles each time the same shape is made eager again
+    /// before it got a graph, up to 32 times this; each try is counted in the report's
+    /// `rewarms`. `0` keeps such a shape eager for good.
+    #[config(default = 50)]
+    pub rewarm_after: usize,
 }
 
 impl GraphTrainerConfig {
@@ -48,6 +57,7 @@ impl GraphTrainerConfig {
             warmup_steps: self.warmup_steps.max(1),
             max_restarts: self.max_warmup_restarts,
             verify_every: self.verify_every,
+            rewarm_after: self.rewarm_after,
         }
     }
 }

@@ -164,6 +164,8 @@ pub(crate) struct GraphStats {
     pub(crate) pinned_bytes: u64,
     /// Graphs dropped to make room for another shape's.
     pub(crate) evictions: usize,
+    /// Times a shape made eager warmed up again.
+    pub(crate) rewarms: usize,
 }
 
 /// The graphs of one trainer, per input key, and the pinned buffers they use; `T` is
@@ -266,12 +268,12 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.cache.verified(key, step)
     }
 
-    /// Makes `key` eager for good.
+    /// Makes `key` eager, until it warms up again (`rewarm_after`).
     pub(crate) fn disable(&mut self, key: &InputKey, reason: FallbackReason) {
         self.cache.disable(key, reason);
     }
 
-    /// Drops the pins and makes every shape eager for good.
+    /// Drops the pins and makes every shape eager, until each warms up again.
     pub(crate) fn disable_all(&mut self, reason: FallbackReason) {
         self.unpin();
         self.cache.disable_all(reason);
@@ -285,6 +287,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn stats(&self) -> GraphStats {
         GraphStats {
             evictions: self.cache.evictions(),
+            rewarms: self.cache.rewarms(),
             ..self.stats
         }
     }

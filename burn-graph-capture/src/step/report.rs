@@ -48,6 +48,11 @@ pub struct TrainerReport {
     /// reports written before it existed: read as 0.)
     #[serde(default)]
     pub evictions: usize,
+    /// Times a shape that ran eagerly for a reason warmed up again to try for a graph
+    /// (`GraphTrainerConfig::rewarm_after`). (Absent from reports written before it
+    /// existed: read as 0.)
+    #[serde(default)]
+    pub rewarms: usize,
     /// The trainer this one shares a buffer with, if any.
     pub shared_with: Option<TrainerId>,
     /// Copies of the model or optimizer made for `model()`, `optimizer()` and

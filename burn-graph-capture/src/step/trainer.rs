@@ -436,6 +436,7 @@ where
             capture_ms: graphs.capture_ms,
             recaptures: graphs.recaptures,
             evictions: graphs.evictions,
+            rewarms: graphs.rewarms,
             pinned_bytes: graphs.pinned_bytes,
             snapshot_copies,
             snapshot_ms,

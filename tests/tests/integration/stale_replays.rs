@@ -449,3 +449,59 @@ fn trainers_built_from_clones_share_until_their_first_update() {
         assert!(parameter_bits(graphed.model().unwrap()) == parameter_bits(&plain));
     }
 }
+
+#[test]
+fn a_shape_eager_during_a_transient_schedule_graphs_once_it_settles() {
+    let _rng = crate::common::rng::shared();
+    // A loss weight annealed over the first 12 steps, constant after: every warmup step
+    // differs from the one before until then, and the shape is made eager.
+    let weight = |step: usize| 1.0 + 0.1 * step.min(12) as f32;
+    let current = std::rc::Rc::new(std::cell::Cell::new(0_usize));
+    let reading = std::rc::Rc::clone(&current);
+    let weighted = move |model: &Mlp<B>, batch: &Regression<B>| {
+        model.loss(batch).mul_scalar(weight(reading.get()))
+    };
+    let start = Mlp::<B>::new(4, &Default::default());
+    let config = GraphTrainerConfig::new().with_rewarm_after(4);
+    let mut graphed = GraphTrainer::new(start.clone(), adam(), weighted, config);
+    let steps = 40;
+    let mut losses = Vec::new();
+    let mut modes = Vec::new();
+    for step in 0..steps {
+        current.set(step);
+        let outcome = graphed.step(batch(step)).unwrap();
+        losses.push(outcome.output.into_scalar().to_bits());
+        modes.push(outcome.mode);
+    }
+    let kinds: Vec<&str> = modes.iter().map(StepMode::kind).collect();
+    let eager_for_good = |mode: &StepMode| {
+        matches!(
+            mode,
+            StepMode::Eager(FallbackReason::NonStaticControlFlow { .. })
+        )
+    };
+    assert!(
+        modes[..12].iter().any(eager_for_good),
+        "the schedule made the shape eager: {kinds:?}"
+    );
+    assert!(
+        modes[steps - 10..]
+            .iter()
+            .all(|mode| *mode == StepMode::Eager(FallbackReason::NoHardwareGraphs)),
+        "once settled, the shape is ready for a graph again: {modes:?}"
+    );
+    assert!(graphed.report().rewarms >= 1, "{:?}", graphed.report());
+
+    let mut optimizer = adam();
+    optimizer.init_state(&start);
+    let mut model = start;
+    let mut plain = Vec::new();
+    for step in 0..steps {
+        let loss = model.loss(&batch(step)).mul_scalar(weight(step));
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(model, grads);
+        plain.push(loss.into_scalar().to_bits());
+    }
+    assert_eq!(losses, plain);
+    assert!(parameter_bits(graphed.model().unwrap()) == parameter_bits(&model));
+}

@@ -228,3 +228,79 @@ fn an_empty_int_tensor_is_refused_by_kind_and_position() {
         "still usable"
     );
 }
+
+/// Features and target narrowed from one `[batch, time, features + 1]` upload, and a
+/// per-sample weight `expand`ed over time: three views, two of one allocation.
+#[derive(Clone, Debug, StepInput)]
+struct Packed<B: Backend> {
+    features: Tensor<B, 3>,
+    target: Tensor<B, 3>,
+    weight: Tensor<B, 3>,
+}
+
+const PACKED_FEATURES: usize = 3;
+
+fn packed(step: usize) -> Packed<B> {
+    let device = Default::default();
+    let (batch, time) = (4, 5);
+    let width = PACKED_FEATURES + 1;
+    let values: Vec<f32> = (0..batch * time * width)
+        .map(|i| ((i * 7 + step * 13) % 17) as f32 / 17.0 - 0.5)
+        .collect();
+    let upload = Tensor::<B, 3>::from_data(TensorData::new(values, [batch, time, width]), &device);
+    let weights: Vec<f32> = (0..batch).map(|i| 1.0 + (i + step) as f32 * 0.25).collect();
+    Packed {
+        features: upload.clone().narrow(2, 0, PACKED_FEATURES),
+        target: upload.narrow(2, PACKED_FEATURES, 1),
+        weight: Tensor::<B, 1>::from_floats(weights.as_slice(), &device)
+            .reshape([batch, 1, 1])
+            .expand([batch, time, 1]),
+    }
+}
+
+fn packed_loss(model: &burn::nn::Linear<B>, batch: &Packed<B>) -> Tensor<B, 1> {
+    let error = model.forward(batch.features.clone()) - batch.target.clone();
+    (batch.weight.clone() * error.powi_scalar(2)).mean()
+}
+
+#[test]
+fn views_of_one_upload_warm_up_like_any_batch_and_train_as_plain_code() {
+    let _rng = crate::common::rng::shared();
+    let device = Default::default();
+    let start = common::models::materialized(
+        burn::nn::LinearConfig::new(PACKED_FEATURES, 1).init::<B>(&device),
+    );
+    let adam = || CapturableAdamConfig::new().init::<B>(&device);
+    let mut trainer = GraphTrainer::new(
+        start.clone(),
+        adam(),
+        packed_loss,
+        GraphTrainerConfig::new(),
+    );
+    let steps = 8;
+    let (mut losses, mut modes) = (Vec::new(), Vec::new());
+    for step in 0..steps {
+        let outcome = trainer.step(packed(step)).unwrap();
+        losses.push(outcome.output.into_scalar().to_bits());
+        modes.push(outcome.mode);
+    }
+    let warmup = GraphTrainerConfig::new().warmup_steps;
+    assert!(
+        modes[warmup..]
+            .iter()
+            .all(|mode| *mode == StepMode::Eager(FallbackReason::NoHardwareGraphs)),
+        "ready for a graph after warmup: {modes:?}"
+    );
+
+    let mut optimizer = adam();
+    optimizer.init_state(&start);
+    let mut model = start;
+    let mut plain = Vec::new();
+    for step in 0..steps {
+        let loss = packed_loss(&model, &packed(step));
+        let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(model, grads);
+        plain.push(loss.into_scalar().to_bits());
+    }
+    assert_eq!(losses, plain);
+}
