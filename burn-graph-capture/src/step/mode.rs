@@ -77,7 +77,8 @@ pub enum FallbackReason {
         /// What the step did differently from the graph.
         change: StepChange,
     },
-    /// A parameter or optimizer state buffer is shared with another trainer.
+    /// A trainable parameter or optimizer-state buffer (the learning rate aside) is
+    /// shared with another trainer.
     SharedWithTrainer(TrainerId),
     /// This input shape would need a graph beyond `max_graphs`.
     GraphCacheFull,

@@ -386,20 +386,61 @@ where
     buffers
 }
 
+/// The buffers that decide whether a trainer shares with another (I6, `registry`): the
+/// trainable parameters and the optimizer state but its learning rate, which steps
+/// replace. A frozen parameter or a learning-rate tensor is only read by steps, and
+/// pinning copies it: two trainers over clones of one model with a frozen backbone, or
+/// given clones of one optimizer, hold those alike for good without any harm.
+pub(super) fn shareable_buffers<G, M, O>(model: &M, optimizer: &mut O) -> Vec<FloatTensor<G>>
+where
+    G: GraphBackend,
+    M: AutodiffModule<TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>>,
+{
+    let mut buffers: Vec<_> = collect_parameters::<G, M>(model, true)
+        .into_values()
+        .collect();
+    optimizer.visit_state(&mut |slot, tensor| {
+        if slot != StateSlot::LearningRate {
+            buffers.push(primitive(tensor));
+        }
+    });
+    buffers
+}
+
 /// The model's float parameters as inner primitives, ordered by `ParamId`.
 fn parameters<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(
     model: &M,
 ) -> BTreeMap<ParamId, FloatTensor<G>> {
-    struct Collect<G: GraphBackend>(BTreeMap<ParamId, FloatTensor<G>>);
+    collect_parameters::<G, M>(model, false)
+}
+
+/// The model's float parameters (only the trainable ones, if `trainable`) as inner
+/// primitives, ordered by `ParamId`.
+fn collect_parameters<G: GraphBackend, M: AutodiffModule<TrainBackend<G>>>(
+    model: &M,
+    trainable: bool,
+) -> BTreeMap<ParamId, FloatTensor<G>> {
+    struct Collect<G: GraphBackend> {
+        params: BTreeMap<ParamId, FloatTensor<G>>,
+        trainable: bool,
+    }
     impl<G: GraphBackend> ModuleVisitor<TrainBackend<G>> for Collect<G> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend<G>, D>>) {
-            let tensor = param.val().inner().into_primitive().tensor();
-            self.0.insert(param.id, tensor);
+            let tensor = param.val();
+            if self.trainable && !tensor.is_require_grad() {
+                return;
+            }
+            self.params
+                .insert(param.id, tensor.inner().into_primitive().tensor());
         }
     }
-    let mut collect = Collect(BTreeMap::new());
+    let mut collect = Collect {
+        params: BTreeMap::new(),
+        trainable,
+    };
     model.visit(&mut collect);
-    collect.0
+    collect.params
 }
 
 /// Replaces each parameter's tensor by its pinned buffer, keeping id and `require_grad`.

@@ -3,9 +3,11 @@
 //! Two trainers whose models share a parameter buffer must not both bake it into graphs:
 //! each replay would write it behind the other's back, and once one trainer frees or
 //! re-pins it the other replays into freed memory (the motivating illegal-address
-//! crash). Every trainer registers the identities of its parameter and optimizer-state
-//! buffers; a buffer another live trainer holds too marks both as shared, and a shared
-//! trainer runs eagerly (and drops its pins) for as long as they hold it.
+//! crash). Every trainer registers the identities of the buffers its steps replace or
+//! write (trainable parameters, optimizer state but the learning rate:
+//! `pinning::shareable_buffers`); a buffer another live trainer holds too marks both as
+//! shared, and a shared trainer runs eagerly (and drops its pins) for as long as they
+//! hold it.
 //!
 //! Identities are only meaningful while their buffers live, so each trainer keeps the
 //! tensors it registered alive until it registers their successors: a freed address

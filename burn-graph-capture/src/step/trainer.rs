@@ -19,7 +19,7 @@ use super::learner::{Learner, StepContext, with_own_state};
 use super::mode::{FallbackReason, StepMode};
 use super::output::{StepOutput, detached};
 use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
-use super::pinning::{buffer_id, buffers};
+use super::pinning::{buffer_id, shareable_buffers};
 use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
@@ -598,11 +598,11 @@ where
         tracing::debug!(trainer = self.id.0, step = self.report.steps, mode = ?mode, "graph trainer step");
     }
 
-    /// Registers the current parameter and optimizer-state buffers, releasing the
-    /// previous ones.
+    /// Registers the current buffers that decide a share (trainable parameters and the
+    /// optimizer state a step replaces), releasing the previous ones.
     fn register_buffers(&mut self) {
         let (model, optimizer) = self.learner.parts_mut();
-        let buffers = buffers::<G, M, O>(model, optimizer)
+        let buffers = shareable_buffers::<G, M, O>(model, optimizer)
             .into_iter()
             .filter_map(|tensor| buffer_id::<G>(&tensor).map(|id| (id, tensor)))
             .collect();

@@ -450,6 +450,49 @@ fn trainers_built_from_clones_share_until_their_first_update() {
     }
 }
 
+/// Two trainers over clones of one model whose first layer is frozen, given clones of
+/// one optimizer: the frozen layer and the learning-rate tensor stay one buffer for
+/// good, but steps only read them (and pinning copies them), so they share only until
+/// their first updates part the trainable parameters.
+#[test]
+fn a_frozen_backbone_and_a_cloned_optimizer_share_only_until_the_first_update() {
+    let _rng = crate::common::rng::shared();
+    let start = Mlp::<B>::new(4, &Default::default());
+    let start = Mlp {
+        first: start.first.no_grad(),
+        head: start.head,
+    };
+    let optimizer = adam();
+    let make = |optimizer| {
+        GraphTrainer::new(
+            start.clone(),
+            optimizer,
+            Mlp::loss as LossFn,
+            GraphTrainerConfig::new(),
+        )
+    };
+    let mut first = make(optimizer.clone());
+    let mut second = make(optimizer);
+    let a = first.step(batch(0)).unwrap().mode;
+    assert_eq!(
+        a,
+        StepMode::Eager(FallbackReason::SharedWithTrainer(second.id()))
+    );
+    let (_, modes) = trainer_steps(&mut second, 0, 5);
+    warmup_then_no_graphs(&modes);
+    let (_, modes) = trainer_steps(&mut first, 1, 5);
+    warmup_then_no_graphs(&modes);
+    assert_eq!(first.report().shared_with, None);
+    assert_eq!(second.report().shared_with, None);
+
+    for (graphed, steps) in [(&first, 0..6), (&second, 0..5)] {
+        let mut optimizer = adam();
+        optimizer.init_state(&start);
+        let (_, plain) = plain_steps(start.clone(), &mut optimizer, 0, steps.len());
+        assert!(parameter_bits(graphed.model().unwrap()) == parameter_bits(&plain));
+    }
+}
+
 #[test]
 fn a_shape_eager_during_a_transient_schedule_graphs_once_it_settles() {
     let _rng = crate::common::rng::shared();
