@@ -112,7 +112,7 @@ pub trait GraphBackend:
     /// A handle on `tensor`'s allocation that tells whether anything else still holds
     /// it ([`Holder`]): what a replay checks of each constant its graph reads. `None`
     /// where the backend cannot tell (its graphs are then checked only every
-    /// `verify_every` replays); the default.
+    /// `verify_every` trainer steps); the default.
     fn holder(_tensor: &AnyTensor<Self>) -> Option<Holder> {
         None
     }

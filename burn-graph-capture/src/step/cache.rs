@@ -112,8 +112,9 @@ pub(crate) enum Phase<G> {
     },
     /// Warmup verified a static step; the next step may be captured if it does the same.
     Ready(Observation),
-    /// A graph recorded for this shape, and its replays since it was last checked.
-    Captured { graph: G, replays: usize },
+    /// A graph recorded for this shape, and the trainer step (the cache's clock) at
+    /// which it was captured or last checked.
+    Captured { graph: G, checked_at: u64 },
     /// A graph whose next step runs eagerly and must do what the graph recorded before
     /// the graph replays again.
     Suspect { graph: G, check: Check },
@@ -304,9 +305,11 @@ impl<G: Recorded> GraphCache<G> {
                 *left -= 1;
             }
         }
-        if let Phase::Captured { replays, .. } = &entry.phase
+        // Counted in the trainer's steps, not the shape's replays: a shape seen once an
+        // epoch (a partial last batch) is checked as often as the frequent ones.
+        if let Phase::Captured { checked_at, .. } = &entry.phase
             && verify_every > 0
-            && *replays >= verify_every
+            && self.clock - *checked_at > verify_every as u64
             && let Phase::Captured { graph, .. } =
                 std::mem::replace(&mut entry.phase, placeholder())
         {
@@ -317,10 +320,7 @@ impl<G: Recorded> GraphCache<G> {
             Phase::Warming { .. } => Plan::Warmup,
             Phase::Ready(_) if !hardware => Plan::Eager(FallbackReason::NoHardwareGraphs),
             Phase::Ready(_) => self.make_room(key),
-            Phase::Captured { replays, .. } => {
-                *replays += 1;
-                Plan::Replay
-            }
+            Phase::Captured { .. } => Plan::Replay,
             Phase::Suspect { check, .. } => Plan::Verify(check.reason()),
             Phase::Disabled { reason, .. } => Plan::Eager(reason.clone()),
         }
@@ -421,7 +421,10 @@ impl<G: Recorded> GraphCache<G> {
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
         let used = self.clock;
         let entry = self.entries.entry(key.clone()).or_insert(Entry::new(used));
-        entry.phase = Phase::Captured { graph, replays: 0 };
+        entry.phase = Phase::Captured {
+            graph,
+            checked_at: used,
+        };
         entry.restarts = 0;
         entry.disables = 0;
     }
@@ -451,7 +454,10 @@ impl<G: Recorded> GraphCache<G> {
             unreachable!("a suspect graph: checked above");
         };
         let Some(change) = step.change_from(graph.observation()) else {
-            entry.phase = Phase::Captured { graph, replays: 0 };
+            entry.phase = Phase::Captured {
+                graph,
+                checked_at: self.clock,
+            };
             return None;
         };
         drop(graph);
@@ -906,6 +912,37 @@ mod tests {
         );
         assert_eq!(cache.graphs_alive(), 0);
         assert_eq!(cache.plan(&key(8), true), Plan::Warmup, "rehearsed again");
+    }
+
+    #[test]
+    fn a_rare_shape_is_checked_once_verify_every_trainer_steps_passed() {
+        let mut cache = GraphCache::new(CacheLimits {
+            verify_every: 5,
+            ..limits(4, 1)
+        });
+        for batch in [8, 2] {
+            warm(&mut cache, &key(batch), 1);
+            capture(&mut cache, &key(batch), "a");
+        }
+        // The full batch's graph, captured two trainer steps before the partial one's,
+        // replays three times and is checked at the sixth step since its capture.
+        for _ in 0..3 {
+            assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+        }
+        assert_eq!(
+            cache.plan(&key(8), true),
+            Plan::Verify(FallbackReason::ReplayCheck)
+        );
+        assert_eq!(cache.verified(&key(8), observed(2, &[9])), None);
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
+        // The partial batch comes back: its graph was captured more than 5 trainer
+        // steps ago, though it never replayed since.
+        assert_eq!(
+            cache.plan(&key(2), true),
+            Plan::Verify(FallbackReason::ReplayCheck)
+        );
+        assert_eq!(cache.verified(&key(2), observed(2, &[9])), None);
+        assert_eq!(cache.plan(&key(2), true), Plan::Replay, "checked just now");
     }
 
     #[test]

@@ -27,11 +27,12 @@ pub struct GraphTrainerConfig {
     /// the trainer's buffers after the first update) before the shape stays eager.
     #[config(default = 3)]
     pub max_warmup_restarts: usize,
-    /// Every this many replays of a graph, one step runs eagerly instead and is
-    /// compared with what the graph recorded (`ReplayCheck`): a replay does not call
-    /// the step closure, so a host value, branch or tensor the closure reads that
-    /// changed since the capture is found within this many steps, the graph is dropped
-    /// (`GraphStale`) and the shape warms up again. `0` never checks.
+    /// A graph captured or last checked more than this many trainer steps ago (all
+    /// shapes counted) runs its shape's next step eagerly instead, compared with what
+    /// the graph recorded (`ReplayCheck`): a replay does not call the step closure, so
+    /// a host value, branch or tensor the closure reads that changed since the capture
+    /// is found within about this many steps, even for a shape seen once an epoch; the
+    /// graph is dropped (`GraphStale`) and the shape warms up again. `0` never checks.
     #[config(default = 100)]
     pub verify_every: usize,
     /// Most times graphs are dropped and captured again after pinned buffers changed;

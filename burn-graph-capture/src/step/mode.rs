@@ -66,9 +66,10 @@ pub enum FallbackReason {
     /// graph still records what the model now does, before replays resume.
     ModelReplaced,
     /// An eager step that checks the shape's graph against what the step closure does
-    /// now (every `verify_every` replays): a replay does not call the closure, so a
-    /// value it reads that changed since the capture would otherwise go unnoticed. The
-    /// graph replays again if the step did what it recorded.
+    /// now (a graph not checked for `verify_every` trainer steps): a replay does not
+    /// call the closure, so a value it reads that changed since the capture would
+    /// otherwise go unnoticed. The graph replays again if the step did what it
+    /// recorded.
     ReplayCheck,
     /// The shape's graph no longer records what the step does (found by a
     /// [`ReplayCheck`](Self::ReplayCheck) or after `put_model`): it was dropped, this

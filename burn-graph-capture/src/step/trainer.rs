@@ -64,10 +64,10 @@ pub struct StepOutcome<T> {
 /// stay the same tensors (a mask built once, say): the guard checks this over the warmup
 /// steps and the capture. After the capture, each replay checks that the tensors the
 /// graph reads as constants are still held outside it (a target network the loop
-/// replaced is found before the next replay), and every
-/// [`verify_every`](GraphTrainerConfig::verify_every) replays one step runs eagerly and
-/// is compared with the graph, which finds a host value or branch that changed; until
-/// then replays use the captured values. A host value that changes between steps
+/// replaced is found before the next replay), and a graph not checked for
+/// [`verify_every`](GraphTrainerConfig::verify_every) trainer steps runs its shape's
+/// next step eagerly, compared with the graph, which finds a host value or branch that
+/// changed; until then replays use the captured values. A host value that changes between steps
 /// belongs in the batch, as a tensor or a `#[step_input(key)]` field. Tensors the
 /// closure keeps beyond a call alias the trainer's buffers.
 ///

@@ -504,9 +504,9 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
     let mut kept = Vec::new();
     // Whether the two trainers still hold the same buffers: until a step of either (its
     // update moves every parameter it trains) or a reload (an upload) parts them. A
-    // parameter the first trainer froze stays where it is, shared.
+    // parameter the first trainer froze stays where it is, but steps only read it: it
+    // is no share.
     let mut parted = second.is_none();
-    let mut frozen = false;
     for (index, event) in program.events.iter().enumerate() {
         match *event {
             Event::Step { batch, time } => {
@@ -520,7 +520,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
                     G::supports_hardware_graphs(&device) && capture,
                 )
                 .map_err(|e| format!("event {index}: {e}"))?;
-                parted |= !frozen;
+                parted = true;
                 let loss: f32 = outcome.output.into_scalar().elem();
                 trace.losses.push(loss.to_bits());
                 let detail = format!("{:?} loss {loss}", outcome.mode);
@@ -546,9 +546,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             Event::Reload => {
                 let bytes = to_bytes(trainer.model().ok_or("model missing")?.clone());
                 trainer.put_model(load_bytes(template.clone(), bytes, &device));
-                // Into the template, whose parameters all train (`load_record` keeps the
-                // module's flags).
-                (parted, frozen) = (true, false);
+                parted = true;
             }
             Event::EagerWork(size) => {
                 eager_work::<G, _>(trainer.model().ok_or("model missing")?, size)
@@ -573,11 +571,6 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             }
             Event::DropSecond => second = None,
             Event::Restructure(change) => {
-                frozen = match change {
-                    Change::FreezeFirst => true,
-                    Change::UnfreezeAll => false,
-                    _ => frozen,
-                };
                 let model = trainer.take_model().ok_or("take_model gave nothing")?;
                 trainer.put_model(changed(model, change, index));
             }
