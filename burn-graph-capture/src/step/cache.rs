@@ -863,7 +863,7 @@ mod tests {
         warm(&mut cache, &key(8), 2);
         capture(&mut cache, &key(8), "settled");
         assert_eq!(cache.plan(&key(8), true), Plan::Replay);
-        // Restarts counted afresh: one differing step does not disable it again.
+        // One try was enough.
         assert_eq!(cache.rewarms(), 1);
     }
 

@@ -421,14 +421,18 @@ fn a_shape_seen_once_does_not_block_a_frequent_one() {
     assert!(!graphed.report().fallbacks.contains_key("GraphCacheFull"));
 }
 
-/// Two trainers built from clones of one model hold the same buffers until one of them
-/// updates: only then do they part, and neither shares any more.
-#[test]
-fn trainers_built_from_clones_share_until_their_first_update() {
-    let _rng = crate::common::rng::shared();
-    let start = Mlp::<B>::new(4, &Default::default());
-    let mut first = trainer(start.clone());
-    let mut second = trainer(start.clone());
+/// Trains two trainers over clones of `start`, with `optimizers`: the first trainer's
+/// first step finds the share, then each warms up with no share left, and both train as
+/// plain code does.
+fn shared_until_the_first_update(start: Mlp<B>, optimizers: [CapturableAdam<B>; 2]) {
+    let [mut first, mut second] = optimizers.map(|optimizer| {
+        GraphTrainer::new(
+            start.clone(),
+            optimizer,
+            Mlp::loss as LossFn,
+            GraphTrainerConfig::new(),
+        )
+    });
     let a = first.step(batch(0)).unwrap().mode;
     assert_eq!(
         a,
@@ -450,6 +454,14 @@ fn trainers_built_from_clones_share_until_their_first_update() {
     }
 }
 
+/// Two trainers built from clones of one model hold the same buffers until one of them
+/// updates: only then do they part, and neither shares any more.
+#[test]
+fn trainers_built_from_clones_share_until_their_first_update() {
+    let _rng = crate::common::rng::shared();
+    shared_until_the_first_update(Mlp::new(4, &Default::default()), [adam(), adam()]);
+}
+
 /// Two trainers over clones of one model whose first layer is frozen, given clones of
 /// one optimizer: the frozen layer and the learning-rate tensor stay one buffer for
 /// good, but steps only read them (and pinning copies them), so they share only until
@@ -463,34 +475,7 @@ fn a_frozen_backbone_and_a_cloned_optimizer_share_only_until_the_first_update() 
         head: start.head,
     };
     let optimizer = adam();
-    let make = |optimizer| {
-        GraphTrainer::new(
-            start.clone(),
-            optimizer,
-            Mlp::loss as LossFn,
-            GraphTrainerConfig::new(),
-        )
-    };
-    let mut first = make(optimizer.clone());
-    let mut second = make(optimizer);
-    let a = first.step(batch(0)).unwrap().mode;
-    assert_eq!(
-        a,
-        StepMode::Eager(FallbackReason::SharedWithTrainer(second.id()))
-    );
-    let (_, modes) = trainer_steps(&mut second, 0, 5);
-    warmup_then_no_graphs(&modes);
-    let (_, modes) = trainer_steps(&mut first, 1, 5);
-    warmup_then_no_graphs(&modes);
-    assert_eq!(first.report().shared_with, None);
-    assert_eq!(second.report().shared_with, None);
-
-    for (graphed, steps) in [(&first, 0..6), (&second, 0..5)] {
-        let mut optimizer = adam();
-        optimizer.init_state(&start);
-        let (_, plain) = plain_steps(start.clone(), &mut optimizer, 0, steps.len());
-        assert!(parameter_bits(graphed.model().unwrap()) == parameter_bits(&plain));
-    }
+    shared_until_the_first_update(start, [optimizer.clone(), optimizer]);
 }
 
 #[test]
@@ -517,14 +502,14 @@ fn a_shape_eager_during_a_transient_schedule_graphs_once_it_settles() {
         modes.push(outcome.mode);
     }
     let kinds: Vec<&str> = modes.iter().map(StepMode::kind).collect();
-    let eager_for_good = |mode: &StepMode| {
+    let made_eager = |mode: &StepMode| {
         matches!(
             mode,
             StepMode::Eager(FallbackReason::NonStaticControlFlow { .. })
         )
     };
     assert!(
-        modes[..12].iter().any(eager_for_good),
+        modes[..12].iter().any(made_eager),
         "the schedule made the shape eager: {kinds:?}"
     );
     assert!(
