@@ -37,7 +37,7 @@ pub use backend::{
 pub use backend::{CudaCube, CudaFused};
 pub use cause::Cause;
 pub use parallel::{
-    Collectives, DataParallel, DataParallelConfig, DistError, RankLink, RankMember,
+    Collectives, DataParallel, DataParallelConfig, DistError, JobSecret, RankLink, RankMember,
 };
 pub use rng::RandomDraws;
 pub use step::{

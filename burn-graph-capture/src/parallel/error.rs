@@ -70,21 +70,92 @@ pub enum DistError {
     /// Bad arguments to a group (a rank out of range, a rank taken twice, no ranks).
     #[error("invalid group use: {0}")]
     InvalidUse(#[source] GroupMisuse),
+    /// Rank 0 turned this rank's connection away.
+    #[error("rank 0 turned this rank away: {0}")]
+    Refused(#[source] Refusal),
+    /// What answered at rank 0's address did not prove it is this job's rank 0 (another
+    /// job, another secret, or an impostor): this rank sent it nothing.
+    #[error("the process at rank 0's address is not this job's rank 0: {0}")]
+    HubUnproven(#[source] Refusal),
+    /// A member of the group broke the rendezvous protocol (a frame of a kind or length
+    /// that cannot come at that point).
+    #[error("rank {rank} broke the group's protocol: {why}; the group was aborted")]
+    Protocol {
+        /// The rank whose connection it came on (rank 0, for a rank's link to the hub).
+        rank: usize,
+        /// What it did.
+        #[source]
+        why: Refusal,
+    },
 }
 
-/// How the ranks of a group disagree.
-#[derive(Clone, Debug, PartialEq, Error, Serialize, Deserialize)]
-pub enum Disagreement {
-    /// A rank joined with another world size than rank 0's.
+/// Why one end of a rendezvous connection turned the other away. Rank 0 logs each
+/// connection it refuses and keeps waiting for its ranks; a rank that is refused gets
+/// [`DistError::Refused`], one that refuses rank 0 [`DistError::HubUnproven`].
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// It does not speak this group's protocol (another service, a port scanner, a
+    /// frame of the wrong kind or size).
+    #[error("it does not speak the rendezvous protocol")]
+    Malformed,
+    /// A frame longer than its kind may be at that point; refused before it was read.
+    #[error("it announced a frame of {len} bytes where at most {max} may come")]
+    Oversized {
+        /// The frame's kind byte.
+        kind: u8,
+        /// The length it announced.
+        len: u64,
+        /// The longest allowed there.
+        max: u64,
+    },
+    /// It said nothing whole within the handshake's deadline.
+    #[error("it stayed silent past the handshake's deadline")]
+    Silent,
+    /// It closed the connection during the handshake.
+    #[error("it closed the connection during the handshake")]
+    Closed,
+    /// Its proof does not match this end's secret: another secret, or a handshake
+    /// recorded earlier and replayed (each proof covers a fresh nonce of each side).
+    #[error("its proof does not match the job's secret (another secret, or a replayed handshake)")]
+    BadProof,
+    /// It has no job secret, and this end has one.
+    #[error("it has no job secret, and this group has one")]
+    NoSecret,
+    /// It has a job secret, and this end has none.
+    #[error("it has a job secret, and this group has none")]
+    UnexpectedSecret,
+    /// It named a rank that another connection holds.
+    #[error("rank {rank} was taken already")]
+    RankTaken {
+        /// The rank it named.
+        rank: usize,
+    },
+    /// It named a rank the group does not have (or rank 0, which listens).
+    #[error("rank {rank} cannot join a group of {world}")]
+    RankOutOfRange {
+        /// The rank it named.
+        rank: usize,
+        /// The group's size.
+        world: usize,
+    },
+    /// It joins a group of another size.
     #[error("rank {rank} joins a group of {theirs}, rank 0 one of {ours}")]
     WorldSize {
-        /// The joining rank.
+        /// The rank it named.
         rank: usize,
         /// Its world size.
         theirs: usize,
         /// Rank 0's.
         ours: usize,
     },
+    /// Rank 0 was in the middle of as many handshakes as it takes at once.
+    #[error("rank 0 had too many handshakes in progress")]
+    Busy,
+}
+
+/// How the ranks of a group disagree.
+#[derive(Clone, Debug, PartialEq, Error, Serialize, Deserialize)]
+pub enum Disagreement {
     /// A round of the rendezvous brought another number of payloads than ranks.
     #[error("{given} payloads in a round of {world}")]
     RoundSize {
@@ -169,12 +240,12 @@ pub enum LinkStep {
     Listen,
     /// Rank 0 taking a rank's connection.
     Accept,
-    /// Rank 0 reading a rank's hello.
-    ReadHello,
     /// A rank connecting to rank 0.
     Connect,
-    /// A rank sending its hello.
-    SayHello,
+    /// A rank proving itself to rank 0, or rank 0 answering it.
+    Handshake,
+    /// Drawing a handshake's nonce from the operating system.
+    Nonce,
     /// Setting up a connection (no delay, a second handle for its reader).
     Configure,
     /// Starting a connection's reader thread.
@@ -186,9 +257,9 @@ impl fmt::Display for LinkStep {
         f.write_str(match self {
             LinkStep::Listen => "listening",
             LinkStep::Accept => "accepting a rank",
-            LinkStep::ReadHello => "reading a rank's hello",
             LinkStep::Connect => "connecting to rank 0",
-            LinkStep::SayHello => "saying hello",
+            LinkStep::Handshake => "shaking hands",
+            LinkStep::Nonce => "drawing a nonce",
             LinkStep::Configure => "setting up a connection",
             LinkStep::SpawnReader => "starting a reader thread",
         })
@@ -235,9 +306,32 @@ pub enum GroupMisuse {
         /// The rank.
         rank: usize,
     },
-    /// A connection to rank 0 that did not say hello as a rank of this group.
-    #[error("a connection that is not a rank of this group")]
-    Stranger,
+    /// A group on an address other machines can reach, without a job secret: anyone
+    /// reaching the port could join it.
+    #[error(
+        "{address} is not a loopback address: a group other machines can reach needs a job \
+         secret (DataParallelConfig::with_secret, or BURN_GRAPH_CAPTURE_SECRET)"
+    )]
+    SecretNeeded {
+        /// The address.
+        address: String,
+    },
+    /// A job secret too short to resist guessing.
+    #[error("a job secret of {len} bytes; it needs at least {min}")]
+    ShortSecret {
+        /// Its length.
+        len: usize,
+        /// The shortest taken.
+        min: usize,
+    },
+    /// A payload longer than the group's largest (`max_payload_bytes`).
+    #[error("a payload of {len} bytes; the group takes at most {max}")]
+    PayloadTooLarge {
+        /// Its length.
+        len: usize,
+        /// The group's limit.
+        max: u64,
+    },
     /// Two ranks on one GPU of one process: NCCL takes one rank per GPU.
     #[error(
         "ranks {first} and {second} are both on GPU {device} of one process: NCCL takes one rank per GPU"
@@ -259,7 +353,11 @@ impl DistError {
     pub fn aborts(&self) -> bool {
         !matches!(
             self,
-            DistError::RankLeft { .. } | DistError::Mismatch(_) | DistError::InvalidUse(_)
+            DistError::RankLeft { .. }
+                | DistError::Mismatch(_)
+                | DistError::InvalidUse(_)
+                | DistError::Refused(_)
+                | DistError::HubUnproven(_)
         )
     }
 }

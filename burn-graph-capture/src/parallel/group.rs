@@ -7,21 +7,68 @@ use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use burn::config::Config;
+use serde::{Deserialize, Serialize};
 
 use super::error::{DistError, GroupMisuse};
 use super::rendezvous::{FailureHook, Meeting, Rendezvous};
-use super::tcp::TcpMeeting;
+use super::secret::JobSecret;
+use super::tcp::{Settings, TcpMeeting};
 
-/// How a [`DataParallel`] group waits.
-#[derive(Config, Debug, PartialEq)]
+/// How a [`DataParallel`] group waits, and how ranks that are processes prove they
+/// belong to it. Serializing it leaves the secret out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataParallelConfig {
     /// Longest a rank waits for the others at one meeting point (the agreement before
     /// each step, a CPU collective), in seconds. A rank that dies (its thread unwinds) is
     /// noticed at once; this bounds the wait for a rank that is stuck or far behind
-    /// (compiling, or evaluating while the others train).
-    #[config(default = 60.0)]
+    /// (compiling, or evaluating while the others train). Default 60.
     pub timeout_secs: f64,
+    /// The job's secret, for ranks that are processes ([`DataParallel::connect`]): each
+    /// proves it knows it before rank 0 lets it in, and rank 0 proves it too. `None`:
+    /// read from `BURN_GRAPH_CAPTURE_SECRET`; a group without one may only meet on
+    /// loopback. Never serialized.
+    #[serde(skip)]
+    pub secret: Option<JobSecret>,
+    /// The longest payload one rank sends in one round of the meeting (the step's
+    /// agreement, the NCCL id, a CPU collective's tensors), in bytes: what rank 0 reads
+    /// at most from one rank at a time. Default 64 MiB.
+    pub max_payload_bytes: u64,
+}
+
+impl Default for DataParallelConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DataParallelConfig {
+    /// A 60 s timeout, no secret (read from the environment when connecting), payloads
+    /// of at most 64 MiB.
+    pub fn new() -> Self {
+        Self {
+            timeout_secs: 60.0,
+            secret: None,
+            max_payload_bytes: 64 << 20,
+        }
+    }
+
+    /// With this timeout, in seconds.
+    pub fn with_timeout_secs(mut self, timeout_secs: f64) -> Self {
+        self.timeout_secs = timeout_secs;
+        self
+    }
+
+    /// With this job secret.
+    pub fn with_secret(mut self, secret: JobSecret) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+
+    /// With this largest payload, in bytes.
+    pub fn with_max_payload_bytes(mut self, max_payload_bytes: u64) -> Self {
+        self.max_payload_bytes = max_payload_bytes;
+        self
+    }
 }
 
 /// A group of `world` ranks training one model together in this process: each rank a
@@ -74,17 +121,34 @@ impl DataParallel {
 
     /// This process's member of a group whose ranks are processes, on this machine or
     /// others: rank 0 listens on `address` (e.g. `0.0.0.0:29500`), and every other rank
-    /// connects to it there (e.g. `node0:29500`), retrying until the timeout. Returns once
-    /// every rank has connected. A rank whose process dies is noticed by the others at
-    /// once (its connection closes); see the guide's multi-GPU chapter for NCCL's
-    /// environment across machines.
+    /// connects to it there (e.g. `node0:29500`), retrying until the timeout. Rank 0
+    /// returns once every rank has joined, the others once rank 0 has let them in. A
+    /// rank whose process dies is noticed by the others at once (its connection
+    /// closes); see the guide's multi-GPU chapter for NCCL's environment across
+    /// machines.
+    ///
+    /// Every rank proves it knows the job's secret (the config's, else
+    /// `BURN_GRAPH_CAPTURE_SECRET`) before rank 0 lets it in, and rank 0 proves it
+    /// before a rank sends it anything; an address that is not loopback without a
+    /// secret is [`GroupMisuse::SecretNeeded`]. Rank 0 logs and closes every other
+    /// connection (a wrong secret, a stranger, a rank already taken) and goes on
+    /// waiting; a rank it turns away gets [`DistError::Refused`].
     pub fn connect(
         address: impl std::net::ToSocketAddrs,
         rank: usize,
         world: usize,
         config: &DataParallelConfig,
     ) -> Result<RankMember, DistError> {
-        let meeting = TcpMeeting::connect(address, rank, world, timeout(config)?)?;
+        let secret = match &config.secret {
+            Some(secret) => Some(secret.clone()),
+            None => JobSecret::from_env()?,
+        };
+        let settings = Settings {
+            timeout: timeout(config)?,
+            secret,
+            max_payload: config.max_payload_bytes,
+        };
+        let meeting = TcpMeeting::connect(address, rank, world, settings)?;
         let group = Group::new(world, Box::new(meeting));
         group.taken.lock().unwrap_or_else(PoisonError::into_inner)[rank] = true;
         Ok(RankMember {
