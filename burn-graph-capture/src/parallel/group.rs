@@ -374,6 +374,38 @@ mod tests {
     }
 
     #[test]
+    fn a_configs_secret_shows_nowhere_and_is_not_serialized() {
+        let words = "a secret that must stay in memory";
+        let config = DataParallelConfig::new().with_secret(JobSecret::new(words).unwrap());
+        assert!(!format!("{config:?}").contains(words));
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(!json.contains(words), "{json}");
+        let read: DataParallelConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            read,
+            DataParallelConfig {
+                secret: None,
+                ..config
+            }
+        );
+    }
+
+    #[test]
+    fn a_group_on_a_network_address_without_a_secret_is_refused() {
+        assert!(
+            std::env::var_os(crate::parallel::SECRET_ENV).is_none(),
+            "run the tests without a job secret in the environment"
+        );
+        let error = DataParallel::connect("0.0.0.0:0", 0, 2, &DataParallelConfig::new());
+        assert_eq!(
+            error.map(|_| ()).unwrap_err(),
+            DistError::InvalidUse(GroupMisuse::SecretNeeded {
+                address: "0.0.0.0:0".into()
+            })
+        );
+    }
+
+    #[test]
     fn a_member_dropped_while_unwinding_aborts_the_group() {
         let group = DataParallel::new(2, &DataParallelConfig::new()).unwrap();
         let [zero, one]: [RankMember; 2] = group.members().unwrap().try_into().unwrap();

@@ -159,7 +159,7 @@ impl TcpMeeting {
         let streams = if rank == 0 {
             let listener =
                 TcpListener::bind(&addresses[..]).map_err(|e| io_err(LinkStep::Listen, e))?;
-            accept_all(&listener, world, settings.secret.as_ref(), deadline)?.streams
+            accept_all(listener, world, settings.secret.as_ref(), deadline)?.streams
         } else {
             let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
             let hub = connect_to_hub(&addresses, rank, world, settings.secret.as_ref(), deadline)?;
@@ -220,87 +220,37 @@ struct Hub {
     refused: Vec<Refusal>,
 }
 
-/// Rank 0: waits until every other rank has shaken hands, or the deadline. Each
-/// connection shakes hands on a thread of its own (at most [`MAX_HANDSHAKES`] at once),
-/// so no connection can hold up another; one that fails its handshake or names a rank
-/// already taken is logged and closed, and rank 0 goes on waiting.
+/// What rank 0's acceptor hands its wait.
+enum Arrival {
+    /// A handshake ended: a rank to seat, or why the connection was turned away (logged).
+    Shaken(Result<Admitted, Refusal>),
+    /// A connection turned away unshaken: too many handshakes at once.
+    Busy,
+    /// The acceptor could not go on (no nonce from the operating system).
+    Failed(DistError),
+}
+
+/// Rank 0: waits until every other rank has shaken hands, or the deadline. An acceptor
+/// thread takes connections as they come and shakes hands with each on a thread of its
+/// own (at most [`MAX_HANDSHAKES`] at once), so no connection can hold up another; one
+/// that fails its handshake or names a rank already taken is logged and closed, and
+/// rank 0 goes on waiting.
 fn accept_all(
-    listener: &TcpListener,
+    listener: TcpListener,
     world: usize,
     secret: Option<&JobSecret>,
     deadline: Instant,
 ) -> Result<Hub, DistError> {
     let started = Instant::now();
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_err(LinkStep::Listen, e))?;
-    let (send, receive) = mpsc::channel::<Result<Admitted, Refusal>>();
-    let shaking = Arc::new(AtomicUsize::new(0));
+    let (send, receive) = mpsc::channel();
+    let acceptor = Acceptor::start(listener, world, secret.cloned(), deadline, send)?;
     let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut refused = Vec::new();
-    let turn_away = |refused: &mut Vec<Refusal>, refusal: Refusal, peer: Option<SocketAddr>| {
-        log_refusal(&refusal, peer);
-        refused.push(refusal);
-    };
     while streams.iter().skip(1).any(Option::is_none) {
-        let mut idle = true;
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                idle = false;
-                if shaking.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-                    turn_away(&mut refused, Refusal::Busy, Some(peer));
-                } else if let Err(error) = stream.set_nonblocking(false) {
-                    tracing::info!(%error, %peer, "rank 0 dropped a connection it could not set up");
-                } else {
-                    let hub_nonce = handshake::nonce()?;
-                    let until = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
-                    let (send, shaking, secret) = (send.clone(), shaking.clone(), secret.cloned());
-                    shaking.fetch_add(1, Ordering::AcqRel);
-                    let spawned = std::thread::Builder::new()
-                        .name("dist-handshake".into())
-                        .stack_size(256 * 1024)
-                        .spawn(move || {
-                            let outcome =
-                                handshake::admit(stream, secret.as_ref(), world, hub_nonce, until)
-                                    .inspect_err(|refusal| log_refusal(refusal, Some(peer)));
-                            shaking.fetch_sub(1, Ordering::AcqRel);
-                            let _ = send.send(outcome);
-                        });
-                    if let Err(error) = spawned {
-                        tracing::warn!(%error, %peer, "rank 0 could not start a handshake");
-                    }
-                }
-            }
-            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-            // A connection reset before it was taken, or the process out of descriptors
-            // for a moment: the wait goes on.
-            Err(error) => tracing::info!(%error, "rank 0 could not take a connection"),
-        }
-        while let Ok(outcome) = receive.try_recv() {
-            idle = false;
-            match outcome {
-                Ok(admitted) => match &mut streams[admitted.rank] {
-                    Some(_) => {
-                        let refusal = Refusal::RankTaken {
-                            rank: admitted.rank,
-                        };
-                        handshake::refuse(&admitted.stream, &refusal);
-                        turn_away(&mut refused, refusal, admitted.stream.peer_addr().ok());
-                    }
-                    slot @ None => match admitted.welcome() {
-                        Ok(()) => *slot = Some(admitted.stream),
-                        Err(_) => {
-                            let peer = admitted.stream.peer_addr().ok();
-                            turn_away(&mut refused, Refusal::Closed, peer)
-                        }
-                    },
-                },
-                // Logged by its handshake's thread.
-                Err(refusal) => refused.push(refusal),
-            }
-        }
-        if idle {
-            if Instant::now() >= deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let arrival = match receive.recv_timeout(left) {
+            Ok(arrival) => arrival,
+            Err(_) => {
                 let missing = (1..world).filter(|r| streams[*r].is_none()).collect();
                 return Err(DistError::Timeout {
                     rank: 0,
@@ -309,10 +259,150 @@ fn accept_all(
                     timeout_ms: deadline.saturating_duration_since(started).as_millis() as u64,
                 });
             }
-            std::thread::sleep(Duration::from_millis(5));
+        };
+        let admitted = match arrival {
+            Arrival::Shaken(Ok(admitted)) => admitted,
+            // Logged where it happened.
+            Arrival::Shaken(Err(refusal)) => {
+                refused.push(refusal);
+                continue;
+            }
+            Arrival::Busy => {
+                refused.push(Refusal::Busy);
+                continue;
+            }
+            Arrival::Failed(error) => return Err(error),
+        };
+        let peer = admitted.stream.peer_addr().ok();
+        let refusal = match &mut streams[admitted.rank] {
+            Some(_) => Refusal::RankTaken {
+                rank: admitted.rank,
+            },
+            slot @ None => match admitted.welcome() {
+                Ok(()) => {
+                    *slot = Some(admitted.stream);
+                    continue;
+                }
+                Err(_) => Refusal::Closed,
+            },
+        };
+        handshake::refuse(&admitted.stream, &refusal);
+        log_refusal(&refusal, peer);
+        refused.push(refusal);
+    }
+    drop(acceptor);
+    Ok(Hub { streams, refused })
+}
+
+/// Rank 0's acceptor thread; dropping it stops the thread (woken by a connection of
+/// its own) and closes the listener.
+struct Acceptor {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    wake: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Acceptor {
+    fn start(
+        listener: TcpListener,
+        world: usize,
+        secret: Option<JobSecret>,
+        deadline: Instant,
+        arrivals: Sender<Arrival>,
+    ) -> Result<Self, DistError> {
+        let mut wake = listener
+            .local_addr()
+            .map_err(|e| io_err(LinkStep::Listen, e))?;
+        if wake.ip().is_unspecified() {
+            let loopback: std::net::IpAddr = match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            };
+            wake.set_ip(loopback);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dist-accept".into())
+            .spawn(move || {
+                let shaking = Arc::new(AtomicUsize::new(0));
+                for stream in listener.incoming() {
+                    if stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let Ok(stream) = stream else {
+                        // A connection reset before it was taken, or the process out of
+                        // descriptors for a moment: the wait goes on.
+                        continue;
+                    };
+                    let arrival =
+                        shake_hands(stream, world, &secret, deadline, &shaking, &arrivals);
+                    if let Some(arrival) = arrival {
+                        let failed = matches!(arrival, Arrival::Failed(_));
+                        if arrivals.send(arrival).is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| io_err(LinkStep::SpawnReader, e))?;
+        Ok(Self {
+            stop,
+            wake,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the blocked accept; if even that fails, the thread ends at the next
+        // connection instead of being waited for.
+        if TcpStream::connect_timeout(&self.wake, Duration::from_secs(1)).is_ok()
+            && let Some(thread) = self.thread.take()
+        {
+            let _ = thread.join();
         }
     }
-    Ok(Hub { streams, refused })
+}
+
+/// Starts the handshake of one accepted connection on a thread of its own, which sends
+/// its outcome; or says why not at once.
+fn shake_hands(
+    stream: TcpStream,
+    world: usize,
+    secret: &Option<JobSecret>,
+    deadline: Instant,
+    shaking: &Arc<AtomicUsize>,
+    arrivals: &Sender<Arrival>,
+) -> Option<Arrival> {
+    let peer = stream.peer_addr().ok();
+    if shaking.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+        log_refusal(&Refusal::Busy, peer);
+        return Some(Arrival::Busy);
+    }
+    let hub_nonce = match handshake::nonce() {
+        Ok(nonce) => nonce,
+        Err(error) => return Some(Arrival::Failed(error)),
+    };
+    let until = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
+    let (arrivals, counter, secret) = (arrivals.clone(), shaking.clone(), secret.clone());
+    shaking.fetch_add(1, Ordering::AcqRel);
+    let spawned = std::thread::Builder::new()
+        .name("dist-handshake".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let outcome = handshake::admit(stream, secret.as_ref(), world, hub_nonce, until)
+                .inspect_err(|refusal| log_refusal(refusal, peer));
+            counter.fetch_sub(1, Ordering::AcqRel);
+            let _ = arrivals.send(Arrival::Shaken(outcome));
+        });
+    if let Err(error) = spawned {
+        shaking.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!(%error, "rank 0 could not start a handshake");
+    }
+    None
 }
 
 /// Rank 0's log of a connection it turned away: strangers that do not speak the

@@ -26,7 +26,7 @@ fn hub(
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let hub = std::thread::spawn(move || accept_all(&listener, world, secret.as_ref(), deadline));
+    let hub = std::thread::spawn(move || accept_all(listener, world, secret.as_ref(), deadline));
     (address, hub)
 }
 
