@@ -347,6 +347,11 @@ pub enum GroupMisuse {
 }
 
 impl DistError {
+    /// The group's TCP link failed at `step`, for the operating system's reason.
+    pub(crate) fn link(step: LinkStep, error: std::io::Error) -> Self {
+        DistError::Collective(CollectiveFailure::Link(step, Cause::new(error)))
+    }
+
     /// Whether peers may be stuck in collectives this failure leaves unfinished, so that
     /// the group's communicators must be aborted. A rank that left after a finished step
     /// leaves no collective unfinished: aborting then would cut the others' last one.

@@ -27,7 +27,6 @@ use super::frame::{
     write_frame,
 };
 use super::secret::JobSecret;
-use crate::cause::Cause;
 
 /// The first bytes of every hello: this protocol, version 1.
 const MAGIC: [u8; 4] = *b"bgc\x01";
@@ -47,13 +46,8 @@ pub(crate) type Nonce = [u8; NONCE];
 /// A fresh nonce from the operating system.
 pub(crate) fn nonce() -> Result<Nonce, DistError> {
     let mut nonce = [0u8; NONCE];
-    getrandom::fill(&mut nonce).map_err(|error| {
-        let cause = Cause::new(std::io::Error::other(error.to_string()));
-        DistError::Collective(super::error::CollectiveFailure::Link(
-            LinkStep::Nonce,
-            cause,
-        ))
-    })?;
+    getrandom::fill(&mut nonce)
+        .map_err(|error| DistError::link(LinkStep::Nonce, std::io::Error::other(error)))?;
     Ok(nonce)
 }
 
@@ -245,7 +239,7 @@ pub(crate) fn join(
     stream
         .set_read_timeout(None)
         .and_then(|()| stream.set_write_timeout(None))
-        .map_err(|error| NotJoined::Failed(super::tcp::io_err(LinkStep::Handshake, error)))
+        .map_err(|error| NotJoined::Failed(DistError::link(LinkStep::Handshake, error)))
 }
 
 /// Rank 0's answer: the frame, its refusal as this rank's error, or a retry when the

@@ -27,7 +27,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::error::{CollectiveFailure, Disagreement, DistError, GroupMisuse, LinkStep, Refusal};
+use super::error::{Disagreement, DistError, GroupMisuse, LinkStep, Refusal};
 use super::frame::{
     ALL, BYE, FAILURE, FrameError, MAX_REPORT, PAYLOAD, decode_all, encode_all, read_frame,
     write_frame,
@@ -35,7 +35,6 @@ use super::frame::{
 use super::handshake::{self, Admitted, HANDSHAKE_TIMEOUT, NotJoined};
 use super::rendezvous::{FailureHook, Meeting};
 use super::secret::{self, JobSecret};
-use crate::cause::Cause;
 
 /// What a frame carries, once its handshake is done.
 #[derive(Debug)]
@@ -62,10 +61,6 @@ enum Event {
 /// Handshakes rank 0 runs at once; a connection beyond them is closed at once (a rank
 /// turned away so retries).
 const MAX_HANDSHAKES: usize = 64;
-
-pub(crate) fn io_err(step: LinkStep, err: std::io::Error) -> DistError {
-    DistError::Collective(CollectiveFailure::Link(step, Cause::new(err)))
-}
 
 /// How a process's rank meets the others.
 #[derive(Clone, Debug)]
@@ -152,13 +147,13 @@ impl TcpMeeting {
         };
         let addresses: Vec<SocketAddr> = address
             .to_socket_addrs()
-            .map_err(|e| io_err(step, e))?
+            .map_err(|e| DistError::link(step, e))?
             .collect();
         secret::check_needed(&addresses, settings.secret.as_ref())?;
         let deadline = Instant::now() + settings.timeout;
         let streams = if rank == 0 {
-            let listener =
-                TcpListener::bind(&addresses[..]).map_err(|e| io_err(LinkStep::Listen, e))?;
+            let listener = TcpListener::bind(&addresses[..])
+                .map_err(|e| DistError::link(LinkStep::Listen, e))?;
             accept_all(listener, world, settings.secret.as_ref(), deadline)?.streams
         } else {
             let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
@@ -174,10 +169,10 @@ impl TcpMeeting {
                 Some(stream) => {
                     stream
                         .set_nodelay(true)
-                        .map_err(|e| io_err(LinkStep::Configure, e))?;
+                        .map_err(|e| DistError::link(LinkStep::Configure, e))?;
                     let reader = stream
                         .try_clone()
-                        .map_err(|e| io_err(LinkStep::Configure, e))?;
+                        .map_err(|e| DistError::link(LinkStep::Configure, e))?;
                     readers.push((peer, reader));
                     peers.push(Some(Mutex::new(stream)));
                 }
@@ -202,7 +197,7 @@ impl TcpMeeting {
             std::thread::Builder::new()
                 .name(format!("dist-rank{rank}-peer{peer}"))
                 .spawn(move || shared.read_from(peer, stream))
-                .map_err(|e| io_err(LinkStep::SpawnReader, e))?;
+                .map_err(|e| DistError::link(LinkStep::SpawnReader, e))?;
         }
         Ok(Self {
             shared,
@@ -312,7 +307,7 @@ impl Acceptor {
     ) -> Result<Self, DistError> {
         let mut wake = listener
             .local_addr()
-            .map_err(|e| io_err(LinkStep::Listen, e))?;
+            .map_err(|e| DistError::link(LinkStep::Listen, e))?;
         if wake.ip().is_unspecified() {
             let loopback: std::net::IpAddr = match wake {
                 SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
@@ -345,7 +340,7 @@ impl Acceptor {
                     }
                 }
             })
-            .map_err(|e| io_err(LinkStep::SpawnReader, e))?;
+            .map_err(|e| DistError::link(LinkStep::SpawnReader, e))?;
         Ok(Self {
             stop,
             wake,
@@ -433,7 +428,7 @@ fn connect_to_hub(
                 match handshake::join(&stream, secret, rank, world, until) {
                     Ok(()) => return Ok(stream),
                     Err(NotJoined::Failed(error)) => return Err(error),
-                    Err(NotJoined::Retry) => io_err(
+                    Err(NotJoined::Retry) => DistError::link(
                         LinkStep::Handshake,
                         std::io::Error::new(
                             ErrorKind::TimedOut,
@@ -442,7 +437,7 @@ fn connect_to_hub(
                     ),
                 }
             }
-            Err(err) => io_err(LinkStep::Connect, err),
+            Err(err) => DistError::link(LinkStep::Connect, err),
         };
         if Instant::now() >= deadline {
             return Err(failed);
@@ -706,6 +701,8 @@ mod strangers;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cause::Cause;
+    use crate::parallel::CollectiveFailure;
 
     /// A port nothing listens on now.
     pub(super) fn free_port() -> u16 {
