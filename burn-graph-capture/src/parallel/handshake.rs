@@ -75,10 +75,26 @@ impl Transcript {
         self.mac(secret, label).finalize().into_bytes().into()
     }
 
+    /// A rank's `JOIN`: its rank, its world size and its proof.
+    fn join(&self, secret: Option<&JobSecret>) -> Vec<u8> {
+        let mut join = self.rank.to_le_bytes().to_vec();
+        join.extend_from_slice(&self.world.to_le_bytes());
+        join.extend_from_slice(&self.prove(secret, RANK_LABEL));
+        join
+    }
+
     /// Whether `proof` is this transcript's under `label` (compared in constant time).
     fn check(&self, secret: Option<&JobSecret>, label: &[u8], proof: &[u8]) -> bool {
         self.mac(secret, label).verify_slice(proof).is_ok()
     }
+}
+
+/// A rank's `HELLO`: the protocol, whether it has a secret, its nonce.
+fn hello(secret: Option<&JobSecret>, rank_nonce: &Nonce) -> Vec<u8> {
+    let mut hello = MAGIC.to_vec();
+    hello.push(u8::from(secret.is_some()));
+    hello.extend_from_slice(rank_nonce);
+    hello
 }
 
 fn refusal_of(error: FrameError) -> Refusal {
@@ -203,9 +219,7 @@ pub(crate) fn join(
     deadline: Instant,
 ) -> Result<(), NotJoined> {
     let rank_nonce = nonce().map_err(NotJoined::Failed)?;
-    let mut hello = MAGIC.to_vec();
-    hello.push(u8::from(secret.is_some()));
-    hello.extend_from_slice(&rank_nonce);
+    let hello = hello(secret, &rank_nonce);
     let mut writer = stream;
     writer
         .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
@@ -227,10 +241,7 @@ pub(crate) fn join(
         rank: rank as u32,
         world: world as u32,
     };
-    let mut join = transcript.rank.to_le_bytes().to_vec();
-    join.extend_from_slice(&transcript.world.to_le_bytes());
-    join.extend_from_slice(&transcript.prove(secret, RANK_LABEL));
-    write_frame(&mut writer, JOIN, &join).map_err(|_| NotJoined::Retry)?;
+    write_frame(&mut writer, JOIN, &transcript.join(secret)).map_err(|_| NotJoined::Retry)?;
     let (kind, welcome) = read_answer(&mut until, answer(WELCOME))?;
     let welcome: [u8; PROOF] = fixed(kind, WELCOME, &welcome)?;
     if !transcript.check(secret, HUB_LABEL, &welcome) {
@@ -286,15 +297,9 @@ pub(crate) fn recorded_rank_frames(
         rank: rank as u32,
         world: world as u32,
     };
-    let mut hello = MAGIC.to_vec();
-    hello.push(u8::from(secret.is_some()));
-    hello.extend_from_slice(&rank_nonce);
-    let mut join = transcript.rank.to_le_bytes().to_vec();
-    join.extend_from_slice(&transcript.world.to_le_bytes());
-    join.extend_from_slice(&transcript.prove(secret, RANK_LABEL));
     let mut frames = Vec::new();
-    write_frame(&mut frames, HELLO, &hello).expect("in memory");
-    write_frame(&mut frames, JOIN, &join).expect("in memory");
+    write_frame(&mut frames, HELLO, &hello(secret, &rank_nonce)).expect("in memory");
+    write_frame(&mut frames, JOIN, &transcript.join(secret)).expect("in memory");
     frames
 }
 
