@@ -422,7 +422,7 @@ fn connect_to_hub(
     deadline: Instant,
 ) -> Result<TcpStream, DistError> {
     loop {
-        let failed = match TcpStream::connect(addresses) {
+        let failed = match connect_by(addresses, deadline) {
             Ok(stream) => {
                 let until = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
                 match handshake::join(&stream, secret, rank, world, until) {
@@ -444,6 +444,22 @@ fn connect_to_hub(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A connection to the first of `addresses` that answers, each try bounded by
+/// `deadline` (an unreachable host otherwise holds a connect for minutes).
+fn connect_by(addresses: &[SocketAddr], deadline: Instant) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::new(ErrorKind::InvalidInput, "no address to connect to");
+    for address in addresses {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        match TcpStream::connect_timeout(address, left) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
 }
 
 impl Shared {
