@@ -651,10 +651,7 @@ mod tests {
     }
 
     fn warm(cache: &mut GraphCache<Fake>, key: &InputKey, steps: usize) {
-        for _ in 0..steps {
-            assert_eq!(cache.plan(key, true), Plan::Warmup);
-            assert_eq!(cache.warmed(key, observed(2, &[9])), None);
-        }
+        warm_reading(cache, key, steps, &[9]);
     }
 
     fn warm_reading(cache: &mut GraphCache<Fake>, key: &InputKey, steps: usize, reads: &[u64]) {
@@ -668,6 +665,15 @@ mod tests {
         assert_eq!(cache.plan(key, true), Plan::Capture);
         let seen = cache.warmed_up(key).unwrap().clone();
         cache.captured(key, Fake(name, seen));
+    }
+
+    /// A cache of `limits` whose shape `key(8)` has graph "a", captured after its warmup.
+    fn graphed(limits: CacheLimits) -> GraphCache<Fake> {
+        let warmup = limits.warmup_steps;
+        let mut cache = GraphCache::new(limits);
+        warm(&mut cache, &key(8), warmup);
+        capture(&mut cache, &key(8), "a");
+        cache
     }
 
     #[test]
@@ -693,9 +699,7 @@ mod tests {
 
     #[test]
     fn a_full_cache_drops_its_least_recently_used_graph_for_a_new_one() {
-        let mut cache = GraphCache::new(limits(2, 1));
-        warm(&mut cache, &key(8), 1);
-        capture(&mut cache, &key(8), "a");
+        let mut cache = graphed(limits(2, 1));
         warm(&mut cache, &key(4), 1);
         capture(&mut cache, &key(4), "b");
         assert_eq!(
@@ -869,12 +873,10 @@ mod tests {
 
     #[test]
     fn a_trainer_made_eager_tries_every_shape_again() {
-        let mut cache = GraphCache::new(CacheLimits {
+        let mut cache = graphed(CacheLimits {
             rewarm_after: 2,
             ..limits(4, 1)
         });
-        warm(&mut cache, &key(8), 1);
-        capture(&mut cache, &key(8), "a");
         cache.disable_all(FallbackReason::RecaptureLimit);
         eager_for(&mut cache, &key(8), 2, &FallbackReason::RecaptureLimit);
         assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
@@ -882,12 +884,10 @@ mod tests {
 
     #[test]
     fn graphs_are_checked_every_verify_every_replays() {
-        let mut cache = GraphCache::new(CacheLimits {
+        let mut cache = graphed(CacheLimits {
             verify_every: 3,
             ..limits(4, 1)
         });
-        warm(&mut cache, &key(8), 1);
-        capture(&mut cache, &key(8), "a");
         for _ in 0..3 {
             assert_eq!(cache.plan(&key(8), true), Plan::Replay);
         }
@@ -988,9 +988,7 @@ mod tests {
 
     #[test]
     fn a_suspect_graph_replays_again_only_after_a_matching_step() {
-        let mut cache = GraphCache::new(limits(4, 1));
-        warm(&mut cache, &key(8), 1);
-        capture(&mut cache, &key(8), "a");
+        let mut cache = graphed(limits(4, 1));
         cache.suspect_graphs();
         assert_eq!(
             cache.plan(&key(8), true),
@@ -1022,9 +1020,7 @@ mod tests {
 
     #[test]
     fn dropped_graphs_are_captured_again_and_disabled_shapes_stay_eager() {
-        let mut cache = GraphCache::new(limits(4, 1));
-        warm(&mut cache, &key(8), 1);
-        capture(&mut cache, &key(8), "a");
+        let mut cache = graphed(limits(4, 1));
         cache.drop_graphs();
         assert_eq!(cache.graphs_alive(), 0);
         assert_eq!(cache.plan(&key(8), true), Plan::Capture);
@@ -1051,9 +1047,7 @@ mod tests {
 
     #[test]
     fn rewarmed_shapes_run_their_last_warmup_step_before_capturing_again() {
-        let mut cache = GraphCache::new(limits(4, 3));
-        warm(&mut cache, &key(8), 3);
-        capture(&mut cache, &key(8), "a");
+        let mut cache = graphed(limits(4, 3));
         warm(&mut cache, &key(4), 3);
         warm(&mut cache, &key(2), 1);
         cache.disable(&key(1), FallbackReason::RecaptureLimit);
@@ -1076,9 +1070,7 @@ mod tests {
 
     #[test]
     fn verifying_a_shape_whose_graph_was_dropped_keeps_its_phase() {
-        let mut cache = GraphCache::new(limits(4, 3));
-        warm(&mut cache, &key(8), 3);
-        capture(&mut cache, &key(8), "a");
+        let mut cache = graphed(limits(4, 3));
         cache.suspect_graphs();
         assert_eq!(
             cache.plan(&key(8), true),
