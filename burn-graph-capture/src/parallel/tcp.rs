@@ -74,8 +74,8 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// The longest frame `peer`'s connection may bring: what a rank sends the hub, or
-    /// what the hub answers (every rank's payload).
+    /// The longest frame of each kind that may come on a member's connection: what a
+    /// rank sends the hub, or (`from_hub`) what the hub answers (every rank's payload).
     fn limit(&self, world: usize, from_hub: bool) -> impl Fn(u8) -> Option<u64> + use<> {
         let payload = self.max_payload;
         let all = (4 + world as u64 * (4 + payload)).min(u64::from(u32::MAX));
@@ -327,7 +327,8 @@ impl Acceptor {
                     }
                     let Ok(stream) = stream else {
                         // A connection reset before it was taken, or the process out of
-                        // descriptors for a moment: the wait goes on.
+                        // descriptors for a moment: the wait goes on, without spinning.
+                        std::thread::sleep(Duration::from_millis(5));
                         continue;
                     };
                     let arrival =
