@@ -30,8 +30,8 @@ pub mod train;
 
 pub use backend::{
     Allocated, AllocationId, AnyTensor, BreakerKind, BufferId, CaptureBreaker, CaptureSession,
-    Captured, ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph, OpRecord, OpSignature,
-    Recording, RoutedMatmul, RuntimeFailure, TensorSig, TrainBackend,
+    Captured, EmulatedGraphs, ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph,
+    OpRecord, OpSignature, Recording, RoutedMatmul, RuntimeFailure, TensorSig, TrainBackend,
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};

@@ -107,6 +107,9 @@ pub enum ArgKind {
     Data,
     Relabel,
     Attr,
+    /// A host attribute passed by reference (`&[usize]`, `&Device<B>`): an emulated
+    /// graph keeps an owned copy and lends it back by reference.
+    AttrRef,
     Unsupported,
 }
 
@@ -120,6 +123,7 @@ impl ArgKind {
             ArgKind::Data => "data",
             ArgKind::Relabel => "relabel",
             ArgKind::Attr => "attr",
+            ArgKind::AttrRef => "attr_ref",
             ArgKind::Unsupported => "unsupported",
         }
     }
@@ -190,6 +194,8 @@ pub fn classify_arg(ty: &Type) -> ArgKind {
     }
     if generic_over_self(ty) {
         ArgKind::Unsupported
+    } else if matches!(ty, Type::Reference(_)) {
+        ArgKind::AttrRef
     } else {
         ArgKind::Attr
     }
@@ -292,7 +298,8 @@ mod tests {
         );
         assert_eq!(classify_arg(&ty("TensorData")), ArgKind::Data);
         assert_eq!(classify_arg(&ty("TensorPrimitive<B>")), ArgKind::Relabel);
-        assert_eq!(classify_arg(&ty("&Device<B>")), ArgKind::Attr);
+        assert_eq!(classify_arg(&ty("&Device<B>")), ArgKind::AttrRef);
+        assert_eq!(classify_arg(&ty("&[usize]")), ArgKind::AttrRef);
         assert_eq!(classify_arg(&ty("Scalar")), ArgKind::Attr);
         assert_eq!(classify_arg(&ty("Unknown<B>")), ArgKind::Unsupported);
     }

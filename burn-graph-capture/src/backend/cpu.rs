@@ -1,15 +1,20 @@
-//! Flex as an inner backend: no graphs, no arena, real buffer identities; draws and
-//! collectives on the host (the values the devices compute).
+//! Flex as an inner backend: real buffer identities; draws and collectives on the host
+//! (the values the devices compute). No graphs, unless they are emulated on the host
+//! (`EmulatedGraphs`): a capture is then a `Program`, pins are buffers written in place
+//! (`emulated::memory`).
 
 #[cfg(feature = "flex")]
 mod flex {
     use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor, IntTensorOps};
     use burn::tensor::{Distribution, Int, Tensor};
+    use burn_backend::StreamId;
     use burn_backend::{FloatDType, Shape, TensorData};
-    use burn_flex::Flex;
+    use burn_flex::{Flex, FlexTensor};
 
+    use crate::backend::emulated::program::{self, Recording};
+    use crate::backend::emulated::{EmulatedGraphs, Program, memory};
     use crate::backend::{
-        AnyTensor, BufferId, Captured, GraphBackend, GraphError, NoGraph, RoutedMatmul,
+        AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul,
     };
     use crate::cause::Cause;
     use crate::parallel::error::CollectiveFailure;
@@ -55,34 +60,130 @@ mod flex {
         Words::from_data(&data).expect("a generator state holds four 32-bit words")
     }
 
+    /// A Flex primitive, whatever its kind (Flex has one tensor type).
+    fn flex(tensor: &AnyTensor<Flex>) -> &FlexTensor {
+        let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
+        t
+    }
+
+    /// A step of the program recording now: `src`'s value, written into the pin `dst`
+    /// when the program replays (nothing recorded runs before its launch).
+    fn write_at_replay(op: &'static str, dst: FlexTensor, src: &FlexTensor) {
+        let slot = program::input(op, src);
+        if !program::produced(&slot) && !memory::is_pinned(src) {
+            // A value made inside the capture by no recorded op would replay frozen.
+            program::refuse(op);
+            return;
+        }
+        program::push(
+            op,
+            Box::new(move |env| {
+                let src: FlexTensor = env.take(&slot)?;
+                memory::write(&dst, &src).map_err(|_| program::Missing {
+                    op,
+                    what: "pin lying as its value",
+                })
+            }),
+        );
+    }
+
+    /// The generator state `draws` draws on.
+    fn advanced(state: &FlexTensor, draws: u32) -> FlexTensor {
+        let next = words(state).advanced(draws);
+        let data = next
+            .to_data(state.dtype())
+            .expect("a generator state is of an int type of 32 bits or more");
+        Flex::int_from_data(data, &Flex::int_device(state))
+    }
+
     impl GraphBackend for Flex {
-        type Graph = NoGraph;
+        type Graph = Program;
 
         fn supports_hardware_graphs(_device: &Self::Device) -> bool {
-            false
+            EmulatedGraphs::active()
         }
 
-        fn capture<R>(_device: &Self::Device, _step: impl FnOnce() -> R) -> Captured<R, NoGraph> {
-            Captured::Refused(GraphError::NoHardwareGraphs)
+        fn capture<R>(_device: &Self::Device, step: impl FnOnce() -> R) -> Captured<R, Program> {
+            if !EmulatedGraphs::active() {
+                return Captured::Refused(GraphError::NoHardwareGraphs);
+            }
+            let Some(recording) = Recording::begin() else {
+                return Captured::Refused(GraphError::NotEmulated {
+                    op: "a capture inside a capture".into(),
+                });
+            };
+            let output = step();
+            match recording.finish() {
+                Ok(graph) => Captured::Recorded { output, graph },
+                Err(refused) => Captured::Broken {
+                    output,
+                    error: GraphError::NotEmulated {
+                        op: refused.op.into(),
+                    },
+                },
+            }
         }
 
         fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
-            match *graph {}
+            graph
+                .run()
+                .map_err(|missing| GraphError::EmulatedReplay(missing.to_string()))
         }
 
-        fn pin(_tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
-            Err(GraphError::NoArena)
+        /// Inside a capture, the step's output goes into a buffer of its own that each
+        /// replay writes, as a device graph's output does.
+        fn hand_over(tensor: AnyTensor<Self>, _caller: StreamId) -> AnyTensor<Self> {
+            if !program::recording() {
+                return tensor;
+            }
+            let pinned = memory::pin(flex(&tensor));
+            write_at_replay("output", pinned.clone(), flex(&tensor));
+            match tensor {
+                AnyTensor::Float(_) => AnyTensor::Float(pinned),
+                AnyTensor::Int(_) => AnyTensor::Int(pinned),
+                AnyTensor::Bool(_) => AnyTensor::Bool(pinned),
+            }
         }
 
-        fn copy_into(_dst: &AnyTensor<Self>, _src: &AnyTensor<Self>) -> Result<(), GraphError> {
-            Err(GraphError::NoArena)
+        fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
+            if !EmulatedGraphs::active() {
+                return Err(GraphError::NoArena);
+            }
+            let pinned = memory::pin(flex(&tensor));
+            Ok(match tensor {
+                AnyTensor::Float(_) => AnyTensor::Float(pinned),
+                AnyTensor::Int(_) => AnyTensor::Int(pinned),
+                AnyTensor::Bool(_) => AnyTensor::Bool(pinned),
+            })
+        }
+
+        /// Inside a capture the copy is a step of the program (checked now, written at
+        /// replay); outside, the pin is written at once.
+        fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
+            dst.check_copy_from(src)?;
+            let (dst, src) = (flex(dst), flex(src));
+            if !memory::is_pinned(dst) {
+                return Err(GraphError::NoArena);
+            }
+            if !program::recording() {
+                return memory::write(dst, src);
+            }
+            memory::lies_alike(dst, src)?;
+            write_at_replay("copy_into", dst.clone(), src);
+            Ok(())
+        }
+
+        /// The `Arc` a Flex tensor shares its bytes through: held elsewhere while any
+        /// other handle has it (an emulated graph keeps only a weak one).
+        fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {
+            let data = flex(tensor).data_arc();
+            Some(Holder::new(move || std::sync::Arc::strong_count(&data) > 1))
         }
 
         /// Flex tensors share their bytes through an `Arc`: its address.
         fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
-            let (AnyTensor::Float(t) | AnyTensor::Int(t) | AnyTensor::Bool(t)) = tensor;
             Some(BufferId(
-                std::sync::Arc::as_ptr(&t.data_arc()) as usize as u64
+                std::sync::Arc::as_ptr(&flex(tensor).data_arc()) as usize as u64,
             ))
         }
     }
@@ -109,12 +210,23 @@ mod flex {
             Self::float_from_data(data, &Self::int_device(state))
         }
 
+        /// Inside an emulated capture the advance is a step of the program, as the
+        /// device's advance kernel is part of its graph.
         fn advance_random(state: IntTensor<Self>, draws: u32) -> IntTensor<Self> {
-            let next = words(&state).advanced(draws);
-            let data = next
-                .to_data(state.dtype())
-                .expect("a generator state is of an int type of 32 bits or more");
-            Self::int_from_data(data, &Self::int_device(&state))
+            let next = advanced(&state, draws);
+            if program::recording() {
+                let read = program::input("advance_random", &state);
+                let slot = program::output("advance_random", &next);
+                program::push(
+                    "advance_random",
+                    Box::new(move |env| {
+                        let state: FlexTensor = env.take(&read)?;
+                        env.bind(&slot, advanced(&state, draws));
+                        Ok(())
+                    }),
+                );
+            }
+            next
         }
     }
 

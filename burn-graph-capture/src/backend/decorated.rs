@@ -136,6 +136,8 @@ fn record_collective<T: burn_backend::TensorMetadata + Allocated + 'static>(
     root: usize,
 ) {
     if session::is_recording() {
+        // A collective waits on the other ranks: an emulated graph does not replay one.
+        crate::backend::emulated::program::refuse(op);
         session::record_op(op, None, |rec| {
             inputs.iter().for_each(|t| rec.tensor(t));
             outputs.iter().for_each(|t| rec.output(t));

@@ -36,6 +36,16 @@ pub enum GraphError {
     /// was closed and nothing recorded ran; the step runs eagerly instead.
     #[error("the step panicked while it was recorded: {0}")]
     CapturePanicked(String),
+    /// An emulated capture (`EmulatedGraphs`) ran an op it cannot replay: a Burn struct
+    /// over the backend as argument or result, or a tensor without an allocation id.
+    #[error("an emulated graph cannot replay `{op}`")]
+    NotEmulated {
+        /// The op.
+        op: String,
+    },
+    /// An emulated replay found a value its recording did not keep.
+    #[error("emulated replay failed: {0}")]
+    EmulatedReplay(String),
     /// The driver or runtime refused a capture, instantiate or replay call. Its cause is
     /// the runtime's own error (the CUDA runtime's `CaptureError`, reached with
     /// [`Cause::downcast_ref`]).

@@ -35,6 +35,7 @@ macro_rules! forward_ops {
         $crate::backend::relabel::Relabel::record(&$arg, $rec, false)
     };
     (@record attr, $rec:ident, $arg:ident) => { $rec.attr(&$arg) };
+    (@record attr_ref, $rec:ident, $arg:ident) => { $rec.attr(&$arg) };
 
     (@output tensor, $rec:ident, $out:ident) => { $rec.output(&$out) };
     (@output pair, $rec:ident, $out:ident) => {{
@@ -71,6 +72,104 @@ macro_rules! forward_ops {
     (@ret relabel, $call:expr) => { $crate::backend::relabel::Relabel::from_inner($call) };
     (@ret $kind:ident, $call:expr) => { $call };
 
+    // Emulated graphs (`backend::emulated`): what an op's replay keeps of each argument,
+    // taken before the call consumes it: the slots of tensors, owned host attributes.
+    (@keep tensor, $op:expr, $arg:ident) => {
+        $crate::backend::emulated::program::input($op, &$arg)
+    };
+    (@keep tensors, $op:expr, $arg:ident) => {
+        $arg.iter()
+            .map(|t| $crate::backend::emulated::program::input($op, t))
+            .collect::<Vec<_>>()
+    };
+    (@keep opt_tensor, $op:expr, $arg:ident) => {
+        $arg.as_ref().map(|t| $crate::backend::emulated::program::input($op, t))
+    };
+    (@keep data, $op:expr, $arg:ident) => { $arg.clone() };
+    (@keep attr, $op:expr, $arg:ident) => { $arg.clone() };
+    (@keep attr_ref, $op:expr, $arg:ident) => { ::std::borrow::ToOwned::to_owned($arg) };
+    // A metadata read: its op makes no tensor, so it has no step.
+    (@keep tensor_ref, $op:expr, $arg:ident) => { $crate::backend::emulated::program::Unkept };
+    // Burn structs over the backend: not replayed.
+    (@keep $kind:ident, $op:expr, $arg:ident) => {{
+        $crate::backend::emulated::program::refuse($op);
+        $crate::backend::emulated::program::Unkept
+    }};
+    // ... and what it hands the op at replay.
+    (@lend tensor, $env:ident, $kept:ident) => { $env.take($kept)? };
+    (@lend tensors, $env:ident, $kept:ident) => {
+        $kept.iter().map(|s| $env.take(s)).collect::<Result<Vec<_>, _>>()?
+    };
+    (@lend opt_tensor, $env:ident, $kept:ident) => {
+        match $kept {
+            Some(s) => Some($env.take(s)?),
+            None => None,
+        }
+    };
+    (@lend data, $env:ident, $kept:ident) => { $kept.clone() };
+    (@lend attr, $env:ident, $kept:ident) => { $kept.clone() };
+    (@lend attr_ref, $env:ident, $kept:ident) => { ::std::borrow::Borrow::borrow($kept) };
+    (@lend $kind:ident, $env:ident, $kept:ident) => {
+        unreachable!("a program that refused an op is never replayed")
+    };
+
+    (@slots tensor, $op:expr, $out:ident) => {
+        [$crate::backend::emulated::program::output($op, &$out)]
+    };
+    (@slots pair, $op:expr, $out:ident) => {
+        [
+            $crate::backend::emulated::program::output($op, &$out.0),
+            $crate::backend::emulated::program::output($op, &$out.1),
+        ]
+    };
+    (@bind tensor, $env:ident, $slots:ident, $out:expr) => { $env.bind(&$slots[0], $out) };
+    (@bind pair, $env:ident, $slots:ident, $out:expr) => {{
+        let (first, second) = $out;
+        $env.bind(&$slots[0], first);
+        $env.bind(&$slots[1], second);
+    }};
+
+    // The op's step in the program: run again at replay, or its output as captured where
+    // the op breaks a capture (a host-seeded draw is frozen into a device graph too).
+    (@emulate plain, $name:ident, $trait:ident, $out:ident, $kept:ident, $breaker:ident,
+        ($($arg:ident: $kind:ident),*)) => {{
+        let _ = $kept;
+    }};
+    (@emulate relabel, $name:ident, $trait:ident, $out:ident, $kept:ident, $breaker:ident,
+        ($($arg:ident: $kind:ident),*)) => {{
+        let _ = $kept;
+        $crate::backend::emulated::program::refuse(stringify!($name))
+    }};
+    (@emulate $ret_kind:ident, $name:ident, $trait:ident, $out:ident, $kept:ident,
+        $breaker:ident, ($($arg:ident: $kind:ident),*)) => {{
+        let op = stringify!($name);
+        let served_draw = op == "float_random" && $breaker.is_none();
+        if !served_draw {
+            // A draw from the trainer's generator recorded its own step
+            // (`backend::random`).
+            let slots = forward_ops!(@slots $ret_kind, op, $out);
+            let run: $crate::backend::emulated::program::Thunk = if $breaker.is_some() {
+                let frozen = $out.clone();
+                Box::new(move |env| {
+                    forward_ops!(@bind $ret_kind, env, slots, frozen.clone());
+                    Ok(())
+                })
+            } else {
+                // Ops with an argument the program refused are never replayed.
+                #[allow(unreachable_code, unused, clippy::diverging_sub_expression)]
+                Box::new(move |env| {
+                    let ($($arg,)*) = &$kept;
+                    let out = forward_ops!(
+                        @call $name, $trait, $(forward_ops!(@lend $kind, env, $arg)),*
+                    );
+                    forward_ops!(@bind $ret_kind, env, slots, out);
+                    Ok(())
+                })
+            };
+            $crate::backend::emulated::program::push(op, run);
+        }
+    }};
+
     (
         $trait:ident;
         $(
@@ -84,17 +183,28 @@ macro_rules! forward_ops {
                 #[allow(unused_mut)]
                 fn $name($($arg: $ty),*) -> $ret {
                     // Inputs are recorded before the call, which consumes them.
+                    // An op without arguments keeps `()`.
+                    #[allow(clippy::unused_unit)]
                     let recorder = $crate::backend::session::is_recording().then(|| {
                         let mut rec = $crate::backend::session::OpRecorder::default();
                         { let _rec = &mut rec; $(forward_ops!(@record $kind, _rec, $arg);)* }
-                        (rec, forward_ops!(@breaker $class $(($($detail),*))?))
+                        let kept = $crate::backend::emulated::program::recording().then(|| {
+                            ($(forward_ops!(@keep $kind, stringify!($name), $arg),)*)
+                        });
+                        (rec, forward_ops!(@breaker $class $(($($detail),*))?), kept)
                     });
                     let out = forward_ops!(
                         @ret $ret_kind,
                         forward_ops!(@call $name, $trait, $(forward_ops!(@arg $kind, $arg)),*)
                     );
-                    if let Some((mut rec, breaker)) = recorder {
+                    if let Some((mut rec, breaker, kept)) = recorder {
                         forward_ops!(@output $ret_kind, rec, out);
+                        if let Some(kept) = kept {
+                            forward_ops!(
+                                @emulate $ret_kind, $name, $trait, out, kept, breaker,
+                                ($($arg: $kind),*)
+                            );
+                        }
                         rec.commit(stringify!($name), breaker);
                     }
                     out

@@ -64,6 +64,14 @@ pub trait Allocated {
     /// The allocation this tensor reads, or `None` where the backend cannot tell (the
     /// guard then treats every read of it as unaccounted for).
     fn allocation_id(&self) -> Option<AllocationId>;
+
+    /// Where in its allocation the tensor's values lie (offset, strides), hashed: two
+    /// views of one allocation with one shape differ here. An emulated graph
+    /// (`backend::emulated`) tells its values apart by it; 0 where graphs are not
+    /// emulated.
+    fn view_hash(&self) -> u64 {
+        0
+    }
 }
 
 /// Reads the number that follows `marker` in `text`: the counter value inside a derived
@@ -96,6 +104,14 @@ mod flex {
                 address,
                 Arc::new(Arc::downgrade(&storage)),
             ))
+        }
+
+        fn view_hash(&self) -> u64 {
+            use std::hash::{DefaultHasher, Hash, Hasher};
+            let mut hasher = DefaultHasher::new();
+            self.layout().strides().hash(&mut hasher);
+            self.layout().start_offset().hash(&mut hasher);
+            hasher.finish()
         }
     }
 

@@ -13,6 +13,7 @@ pub(crate) mod cublas;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod decorated;
+pub mod emulated;
 mod error;
 mod forward;
 #[cfg(feature = "cuda")]
@@ -38,6 +39,7 @@ mod tensor_kind;
 pub use base::{GraphCapture, TrainBackend};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaCube;
+pub use emulated::EmulatedGraphs;
 pub use error::{CopyMismatch, GraphError, RuntimeFailure};
 #[cfg(feature = "cuda")]
 pub use fusion::{CudaFused, FusedGraph};

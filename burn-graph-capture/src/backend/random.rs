@@ -8,6 +8,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{FloatDType, Shape};
 
 use super::GraphBackend;
+use super::emulated::program;
 use super::session::{self, BreakerKind};
 use crate::rng::scope;
 
@@ -54,7 +55,24 @@ pub(crate) fn float_random<B: GraphBackend>(
                 rec.attr(&draw);
             });
         }
-        return B::random(&state, draw, shape, distribution, dtype);
+        let drawn = B::random(&state, draw, shape.clone(), distribution, dtype);
+        if program::recording() {
+            // An emulated graph draws again at replay, from the state as it is then.
+            let read = program::input("random_state", &state);
+            let slot = program::output("random_state", &drawn);
+            program::push(
+                "float_random",
+                Box::new(move |env| {
+                    let state: IntTensor<B> = env.take(&read)?;
+                    env.bind(
+                        &slot,
+                        B::random(&state, draw, shape.clone(), distribution, dtype),
+                    );
+                    Ok(())
+                }),
+            );
+        }
+        return drawn;
     }
     // Announced as served (no breaker) but out of draw indices (2^32 in one step): the
     // host-seeded draw must still break the capture.

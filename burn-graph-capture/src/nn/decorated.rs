@@ -4,23 +4,45 @@
 
 use burn::tensor::ops::FloatTensor;
 
+use crate::backend::emulated::program;
 use crate::backend::session::{OpRecorder, is_recording};
 use crate::backend::{GraphBackend, GraphCapture};
 
-/// `run` on `inputs`, recorded as the op `name` while a capture session records.
+/// `run` on `inputs`, recorded as the op `name` while a capture session records (and
+/// as a step of an emulated graph's program, which runs it again at replay).
 pub(crate) fn recorded<B: GraphBackend, const I: usize, const O: usize>(
     name: &'static str,
     inputs: [FloatTensor<GraphCapture<B>>; I],
-    run: impl FnOnce([FloatTensor<B>; I]) -> [FloatTensor<B>; O],
+    run: impl Fn([FloatTensor<B>; I]) -> [FloatTensor<B>; O] + Send + 'static,
 ) -> [FloatTensor<GraphCapture<B>>; O] {
     let recorder = is_recording().then(|| {
         let mut rec = OpRecorder::default();
         inputs.iter().for_each(|t| rec.tensor(t));
-        rec
+        let kept = program::recording().then(|| inputs.each_ref().map(|t| program::input(name, t)));
+        (rec, kept)
     });
     let outputs = run(inputs);
-    if let Some(mut rec) = recorder {
+    if let Some((mut rec, kept)) = recorder {
         outputs.iter().for_each(|t| rec.output(t));
+        if let Some(kept) = kept {
+            let slots = outputs.each_ref().map(|t| program::output(name, t));
+            program::push(
+                name,
+                Box::new(move |env| {
+                    let mut inputs = Vec::with_capacity(I);
+                    for slot in &kept {
+                        inputs.push(env.take::<FloatTensor<B>>(slot)?);
+                    }
+                    let inputs: [FloatTensor<B>; I] = inputs
+                        .try_into()
+                        .unwrap_or_else(|_| unreachable!("one value per input"));
+                    for (slot, output) in slots.iter().zip(run(inputs)) {
+                        env.bind(slot, output);
+                    }
+                    Ok(())
+                }),
+            );
+        }
         rec.commit(name, None);
     }
     outputs

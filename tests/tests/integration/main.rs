@@ -19,6 +19,7 @@ mod data_parallel_processes;
 mod decorator_parity;
 mod docs_in_sync;
 mod dropout;
+mod emulated_graphs;
 mod fused_gru;
 mod fused_lstm;
 mod fuzz;

@@ -6,16 +6,16 @@ use super::prelude::*;
 
 forward_ops! {
     FloatTensorOps;
-    [Op] fn float_from_data(data: TensorData as data, device: &Device<Self> as attr) -> FloatTensor<Self> as tensor;
-    [DeviceRandom(shape, device, dtype)] fn float_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_zeros(shape: Shape as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_ones(shape: Shape as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_full(shape: Shape as attr, fill_value: Scalar as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_from_data(data: TensorData as data, device: &Device<Self> as attr_ref) -> FloatTensor<Self> as tensor;
+    [DeviceRandom(shape, device, dtype)] fn float_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr_ref, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_zeros(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_ones(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_full(shape: Shape as attr, fill_value: Scalar as attr, device: &Device<Self> as attr_ref, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [HostRead] fn float_into_data(tensor: FloatTensor<Self> as tensor) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send as plain;
     [Op] fn float_device(tensor: &FloatTensor<Self> as tensor_ref) -> Device<Self> as plain;
-    [DeviceTransfer(float_device, tensor, device)] fn float_to_device(tensor: FloatTensor<Self> as tensor, device: &Device<Self> as attr) -> FloatTensor<Self> as tensor;
+    [DeviceTransfer(float_device, tensor, device)] fn float_to_device(tensor: FloatTensor<Self> as tensor, device: &Device<Self> as attr_ref) -> FloatTensor<Self> as tensor;
     [Op] fn float_into_int(tensor: FloatTensor<Self> as tensor, out_dtype: IntDType as attr) -> IntTensor<Self> as tensor;
-    [Op] fn float_empty(shape: Shape as attr, device: &Device<Self> as attr, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_empty(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_repeat_dim(tensor: FloatTensor<Self> as tensor, dim: usize as attr, times: usize as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_add(lhs: FloatTensor<Self> as tensor, rhs: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_add_scalar(lhs: FloatTensor<Self> as tensor, rhs: Scalar as attr) -> FloatTensor<Self> as tensor;
@@ -36,8 +36,8 @@ forward_ops! {
     [Op] fn float_recip(tensor: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_transpose(tensor: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_swap_dims(tensor: FloatTensor<Self> as tensor, dim1: usize as attr, dim2: usize as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_permute(tensor: FloatTensor<Self> as tensor, axes: &[usize] as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_flip(tensor: FloatTensor<Self> as tensor, axes: &[usize] as attr) -> FloatTensor<Self> as tensor;
+    [Op] fn float_permute(tensor: FloatTensor<Self> as tensor, axes: &[usize] as attr_ref) -> FloatTensor<Self> as tensor;
+    [Op] fn float_flip(tensor: FloatTensor<Self> as tensor, axes: &[usize] as attr_ref) -> FloatTensor<Self> as tensor;
     [Op] fn float_reshape(tensor: FloatTensor<Self> as tensor, shape: Shape as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_gather(dim: usize as attr, tensor: FloatTensor<Self> as tensor, indices: IntTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_scatter_add(dim: usize as attr, tensor: FloatTensor<Self> as tensor, indices: IntTensor<Self> as tensor, value: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
@@ -45,8 +45,8 @@ forward_ops! {
     [Op] fn float_gather_nd(_data: FloatTensor<Self> as tensor, _indices: IntTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_select(tensor: FloatTensor<Self> as tensor, dim: usize as attr, indices: IntTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_select_add(tensor: FloatTensor<Self> as tensor, dim: usize as attr, indices: IntTensor<Self> as tensor, value: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
-    [Op] fn float_slice(tensor: FloatTensor<Self> as tensor, slices: &[Slice] as attr) -> FloatTensor<Self> as tensor;
-    [Op] fn float_slice_assign(tensor: FloatTensor<Self> as tensor, slices: &[Slice] as attr, value: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
+    [Op] fn float_slice(tensor: FloatTensor<Self> as tensor, slices: &[Slice] as attr_ref) -> FloatTensor<Self> as tensor;
+    [Op] fn float_slice_assign(tensor: FloatTensor<Self> as tensor, slices: &[Slice] as attr_ref, value: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_mask_where(tensor: FloatTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: FloatTensor<Self> as tensor) -> FloatTensor<Self> as tensor;
     [Op] fn float_mask_fill(tensor: FloatTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: Scalar as attr) -> FloatTensor<Self> as tensor;
     [Op] fn float_equal(lhs: FloatTensor<Self> as tensor, rhs: FloatTensor<Self> as tensor, out_dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
@@ -134,14 +134,14 @@ forward_ops! {
 
 forward_ops! {
     IntTensorOps;
-    [Op] fn int_empty(shape: Shape as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_empty(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
     [HostRead] fn int_into_data(tensor: IntTensor<Self> as tensor) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send as plain;
-    [Op] fn int_from_data(data: TensorData as data, device: &Device<Self> as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_from_data(data: TensorData as data, device: &Device<Self> as attr_ref) -> IntTensor<Self> as tensor;
     [Op] fn int_device(tensor: &IntTensor<Self> as tensor_ref) -> Device<Self> as plain;
-    [DeviceTransfer(int_device, tensor, device)] fn int_to_device(tensor: IntTensor<Self> as tensor, device: &Device<Self> as attr) -> IntTensor<Self> as tensor;
+    [DeviceTransfer(int_device, tensor, device)] fn int_to_device(tensor: IntTensor<Self> as tensor, device: &Device<Self> as attr_ref) -> IntTensor<Self> as tensor;
     [Op] fn int_reshape(tensor: IntTensor<Self> as tensor, shape: Shape as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_slice(tensor: IntTensor<Self> as tensor, slices: &[Slice] as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_slice_assign(tensor: IntTensor<Self> as tensor, slices: &[Slice] as attr, value: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
+    [Op] fn int_slice(tensor: IntTensor<Self> as tensor, slices: &[Slice] as attr_ref) -> IntTensor<Self> as tensor;
+    [Op] fn int_slice_assign(tensor: IntTensor<Self> as tensor, slices: &[Slice] as attr_ref, value: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_into_float(tensor: IntTensor<Self> as tensor, out_dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn int_mask_where(tensor: IntTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_mask_fill(tensor: IntTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: Scalar as attr) -> IntTensor<Self> as tensor;
@@ -183,9 +183,9 @@ forward_ops! {
     [Op] fn int_remainder_scalar(lhs: IntTensor<Self> as tensor, rhs: Scalar as attr) -> IntTensor<Self> as tensor;
     [Op] fn int_matmul(lhs: IntTensor<Self> as tensor, rhs: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_neg(tensor: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
-    [Op] fn int_zeros(shape: Shape as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_ones(shape: Shape as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_full(shape: Shape as attr, fill_value: Scalar as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_zeros(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_ones(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_full(shape: Shape as attr, fill_value: Scalar as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
     [Op] fn int_sum(tensor: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_sum_dim(tensor: IntTensor<Self> as tensor, dim: usize as attr) -> IntTensor<Self> as tensor;
     [Op] fn int_prod(tensor: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
@@ -211,11 +211,11 @@ forward_ops! {
     [Op] fn int_abs(tensor: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_transpose(tensor: IntTensor<Self> as tensor) -> IntTensor<Self> as tensor;
     [Op] fn int_swap_dims(tensor: IntTensor<Self> as tensor, dim1: usize as attr, dim2: usize as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_permute(tensor: IntTensor<Self> as tensor, axes: &[usize] as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_flip(tensor: IntTensor<Self> as tensor, axes: &[usize] as attr) -> IntTensor<Self> as tensor;
-    [Rng] fn int_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_arange_step(range: Range<i64> as attr, step: usize as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
-    [Op] fn int_arange(range: Range<i64> as attr, device: &Device<Self> as attr, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_permute(tensor: IntTensor<Self> as tensor, axes: &[usize] as attr_ref) -> IntTensor<Self> as tensor;
+    [Op] fn int_flip(tensor: IntTensor<Self> as tensor, axes: &[usize] as attr_ref) -> IntTensor<Self> as tensor;
+    [Rng] fn int_random(shape: Shape as attr, distribution: Distribution as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_arange_step(range: Range<i64> as attr, step: usize as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
+    [Op] fn int_arange(range: Range<i64> as attr, device: &Device<Self> as attr_ref, dtype: IntDType as attr) -> IntTensor<Self> as tensor;
     [Op] fn int_any(tensor: IntTensor<Self> as tensor, out_dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
     [Op] fn int_any_dim(tensor: IntTensor<Self> as tensor, dim: usize as attr, out_dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
     [Op] fn int_all(tensor: IntTensor<Self> as tensor, out_dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
@@ -242,18 +242,18 @@ forward_ops! {
 
 forward_ops! {
     BoolTensorOps;
-    [Op] fn bool_empty(shape: Shape as attr, device: &Device<Self> as attr, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_zeros(shape: Shape as attr, device: &Device<Self> as attr, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_ones(shape: Shape as attr, device: &Device<Self> as attr, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_empty(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_zeros(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_ones(shape: Shape as attr, device: &Device<Self> as attr_ref, dtype: BoolDType as attr) -> BoolTensor<Self> as tensor;
     [HostRead] fn bool_into_data(tensor: BoolTensor<Self> as tensor) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send as plain;
-    [Op] fn bool_from_data(data: TensorData as data, device: &Device<Self> as attr) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_from_data(data: TensorData as data, device: &Device<Self> as attr_ref) -> BoolTensor<Self> as tensor;
     [Op] fn bool_into_int(tensor: BoolTensor<Self> as tensor, out_dtype: IntDType as attr) -> IntTensor<Self> as tensor;
     [Op] fn bool_into_float(tensor: BoolTensor<Self> as tensor, out_dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn bool_device(tensor: &BoolTensor<Self> as tensor_ref) -> Device<Self> as plain;
-    [DeviceTransfer(bool_device, tensor, device)] fn bool_to_device(tensor: BoolTensor<Self> as tensor, device: &Device<Self> as attr) -> BoolTensor<Self> as tensor;
+    [DeviceTransfer(bool_device, tensor, device)] fn bool_to_device(tensor: BoolTensor<Self> as tensor, device: &Device<Self> as attr_ref) -> BoolTensor<Self> as tensor;
     [Op] fn bool_reshape(tensor: BoolTensor<Self> as tensor, shape: Shape as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_slice(tensor: BoolTensor<Self> as tensor, slices: &[Slice] as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_slice_assign(tensor: BoolTensor<Self> as tensor, slices: &[Slice] as attr, value: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_slice(tensor: BoolTensor<Self> as tensor, slices: &[Slice] as attr_ref) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_slice_assign(tensor: BoolTensor<Self> as tensor, slices: &[Slice] as attr_ref, value: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
     [Op] fn bool_mask_where(tensor: BoolTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
     [Op] fn bool_mask_fill(tensor: BoolTensor<Self> as tensor, mask: BoolTensor<Self> as tensor, value: Scalar as attr) -> BoolTensor<Self> as tensor;
     [Op] fn bool_gather(dim: usize as attr, tensor: BoolTensor<Self> as tensor, indices: IntTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
@@ -272,8 +272,8 @@ forward_ops! {
     [Op] fn bool_xor(lhs: BoolTensor<Self> as tensor, rhs: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
     [Op] fn bool_transpose(tensor: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
     [Op] fn bool_swap_dims(tensor: BoolTensor<Self> as tensor, dim1: usize as attr, dim2: usize as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_permute(tensor: BoolTensor<Self> as tensor, axes: &[usize] as attr) -> BoolTensor<Self> as tensor;
-    [Op] fn bool_flip(tensor: BoolTensor<Self> as tensor, axes: &[usize] as attr) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_permute(tensor: BoolTensor<Self> as tensor, axes: &[usize] as attr_ref) -> BoolTensor<Self> as tensor;
+    [Op] fn bool_flip(tensor: BoolTensor<Self> as tensor, axes: &[usize] as attr_ref) -> BoolTensor<Self> as tensor;
     [Op] fn bool_any(tensor: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
     [Op] fn bool_any_dim(tensor: BoolTensor<Self> as tensor, dim: usize as attr) -> BoolTensor<Self> as tensor;
     [Op] fn bool_all(tensor: BoolTensor<Self> as tensor) -> BoolTensor<Self> as tensor;
@@ -363,12 +363,12 @@ forward_ops! {
 
 forward_ops! {
     QTensorOps;
-    [Op] fn q_from_data(data: TensorData as data, device: &Device<Self> as attr) -> QuantizedTensor<Self> as tensor;
-    [Op] fn quantize(tensor: FloatTensor<Self> as tensor, scheme: &QuantScheme as attr, qparams: QuantizationParametersPrimitive<Self> as relabel) -> QuantizedTensor<Self> as tensor;
-    [Op] fn quantize_dynamic(tensor: FloatTensor<Self> as tensor, scheme: &QuantScheme as attr) -> QuantizedTensor<Self> as tensor;
+    [Op] fn q_from_data(data: TensorData as data, device: &Device<Self> as attr_ref) -> QuantizedTensor<Self> as tensor;
+    [Op] fn quantize(tensor: FloatTensor<Self> as tensor, scheme: &QuantScheme as attr_ref, qparams: QuantizationParametersPrimitive<Self> as relabel) -> QuantizedTensor<Self> as tensor;
+    [Op] fn quantize_dynamic(tensor: FloatTensor<Self> as tensor, scheme: &QuantScheme as attr_ref) -> QuantizedTensor<Self> as tensor;
     [Op] fn dequantize(tensor: QuantizedTensor<Self> as tensor, dtype: FloatDType as attr) -> FloatTensor<Self> as tensor;
     [Op] fn q_device(tensor: &QuantizedTensor<Self> as tensor_ref) -> Device<Self> as plain;
-    [DeviceTransfer(q_device, tensor, device)] fn q_to_device(tensor: QuantizedTensor<Self> as tensor, device: &Device<Self> as attr) -> QuantizedTensor<Self> as tensor;
+    [DeviceTransfer(q_device, tensor, device)] fn q_to_device(tensor: QuantizedTensor<Self> as tensor, device: &Device<Self> as attr_ref) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_reshape(tensor: QuantizedTensor<Self> as tensor, shape: Shape as attr) -> QuantizedTensor<Self> as tensor;
     [HostRead] fn q_into_data(tensor: QuantizedTensor<Self> as tensor) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send as plain;
     [Op] fn q_detach(tensor: QuantizedTensor<Self> as tensor) -> QuantizedTensor<Self> as tensor;
@@ -377,10 +377,10 @@ forward_ops! {
     [Op] fn q_expand(tensor: QuantizedTensor<Self> as tensor, shape: Shape as attr) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_transpose(tensor: QuantizedTensor<Self> as tensor) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_swap_dims(tensor: QuantizedTensor<Self> as tensor, dim1: usize as attr, dim2: usize as attr) -> QuantizedTensor<Self> as tensor;
-    [Op] fn q_permute(tensor: QuantizedTensor<Self> as tensor, axes: &[usize] as attr) -> QuantizedTensor<Self> as tensor;
-    [Op] fn q_flip(tensor: QuantizedTensor<Self> as tensor, axes: &[usize] as attr) -> QuantizedTensor<Self> as tensor;
+    [Op] fn q_permute(tensor: QuantizedTensor<Self> as tensor, axes: &[usize] as attr_ref) -> QuantizedTensor<Self> as tensor;
+    [Op] fn q_flip(tensor: QuantizedTensor<Self> as tensor, axes: &[usize] as attr_ref) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_select(tensor: QuantizedTensor<Self> as tensor, dim: usize as attr, indices: IntTensor<Self> as tensor) -> QuantizedTensor<Self> as tensor;
-    [Op] fn q_slice(tensor: QuantizedTensor<Self> as tensor, slices: &[Slice] as attr) -> QuantizedTensor<Self> as tensor;
+    [Op] fn q_slice(tensor: QuantizedTensor<Self> as tensor, slices: &[Slice] as attr_ref) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_gather(dim: usize as attr, tensor: QuantizedTensor<Self> as tensor, indices: IntTensor<Self> as tensor) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_repeat_dim(tensor: QuantizedTensor<Self> as tensor, dim: usize as attr, times: usize as attr) -> QuantizedTensor<Self> as tensor;
     [Op] fn q_add(lhs: QuantizedTensor<Self> as tensor, rhs: QuantizedTensor<Self> as tensor) -> TensorPrimitive<Self> as relabel;
