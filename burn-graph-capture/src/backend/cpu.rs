@@ -13,8 +13,9 @@ mod flex {
 
     use crate::backend::emulated::program::{self, Recording};
     use crate::backend::emulated::{EmulatedGraphs, Program, memory};
+    use crate::backend::trace::TraceRecording;
     use crate::backend::{
-        AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul,
+        AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul, StandIn,
     };
     use crate::cause::Cause;
     use crate::parallel::error::CollectiveFailure;
@@ -87,6 +88,18 @@ mod flex {
         );
     }
 
+    /// A stand-in is a pinned copy: a trace that stops matching writes what the op
+    /// computes now into it.
+    impl StandIn for FlexTensor {
+        fn stand_in(&self) -> Option<Self> {
+            EmulatedGraphs::active().then(|| memory::pin(self))
+        }
+
+        fn fill(&self, value: &Self) -> bool {
+            memory::write(self, value).is_ok()
+        }
+    }
+
     /// The generator state `draws` draws on.
     fn advanced(state: &FlexTensor, draws: u32) -> FlexTensor {
         let next = words(state).advanced(draws);
@@ -128,6 +141,10 @@ mod flex {
             graph
                 .run()
                 .map_err(|missing| GraphError::EmulatedReplay(missing.to_string()))
+        }
+
+        fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {
+            graph.traceable().map(TraceRecording)
         }
 
         /// Inside a capture, the step's output goes into a buffer of its own that each

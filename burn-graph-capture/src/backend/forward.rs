@@ -132,16 +132,16 @@ macro_rules! forward_ops {
     // The op's step in the program: run again at replay, or its output as captured where
     // the op breaks a capture (a host-seeded draw is frozen into a device graph too).
     (@emulate plain, $name:ident, $trait:ident, $out:ident, $kept:ident, $breaker:ident,
-        ($($arg:ident: $kind:ident),*)) => {{
+        $rec:ident, ($($arg:ident: $kind:ident),*)) => {{
         let _ = $kept;
     }};
     (@emulate relabel, $name:ident, $trait:ident, $out:ident, $kept:ident, $breaker:ident,
-        ($($arg:ident: $kind:ident),*)) => {{
+        $rec:ident, ($($arg:ident: $kind:ident),*)) => {{
         let _ = $kept;
         $crate::backend::emulated::program::refuse(stringify!($name))
     }};
     (@emulate $ret_kind:ident, $name:ident, $trait:ident, $out:ident, $kept:ident,
-        $breaker:ident, ($($arg:ident: $kind:ident),*)) => {{
+        $breaker:ident, $rec:ident, ($($arg:ident: $kind:ident),*)) => {{
         let op = stringify!($name);
         let served_draw = op == "float_random" && $breaker.is_none();
         if !served_draw {
@@ -166,9 +166,67 @@ macro_rules! forward_ops {
                     Ok(())
                 })
             };
-            $crate::backend::emulated::program::push(op, run);
+            let stand_ins = forward_ops!(@stand_ins $ret_kind, $out);
+            $crate::backend::emulated::program::push_traced(
+                op, run, $rec.op_record(op), true, stand_ins,
+            );
         }
     }};
+
+    (@stand_ins tensor, $out:ident) => {
+        $crate::backend::emulated::program::StandInValue::of(&$out).map(|s| vec![s])
+    };
+    (@stand_ins pair, $out:ident) => {
+        $crate::backend::emulated::program::StandInValue::of(&$out.0)
+            .zip($crate::backend::emulated::program::StandInValue::of(&$out.1))
+            .map(|(first, second)| vec![first, second])
+    };
+
+    // Traces (`backend::trace`): the keys of the tensors an op reads, in the order the
+    // recording took their slots ...
+    (@trace_keys tensor, $keys:ident, $arg:ident) => {
+        $keys.push($crate::backend::emulated::program::key_of(&$arg))
+    };
+    (@trace_keys tensors, $keys:ident, $arg:ident) => {
+        $keys.extend($arg.iter().map($crate::backend::emulated::program::key_of))
+    };
+    (@trace_keys opt_tensor, $keys:ident, $arg:ident) => {
+        if let Some(tensor) = &$arg {
+            $keys.push($crate::backend::emulated::program::key_of(tensor))
+        }
+    };
+    (@trace_keys $kind:ident, $keys:ident, $arg:ident) => {};
+    // ... and the op matched against the graph's: a matched op returns its stand-ins. An
+    // op making no tensor runs (metadata), unless it reads values on the host.
+    (@trace plain, $name:ident, $rec:ident, $breaker:ident, ($($arg:ident: $kind:ident),*)) => {
+        if $breaker.is_some() {
+            $crate::backend::trace::unmatched(&$rec.op_record(stringify!($name)), *$breaker);
+        }
+    };
+    (@trace relabel, $name:ident, $rec:ident, $breaker:ident, ($($arg:ident: $kind:ident),*)) => {
+        $crate::backend::trace::unmatched(&$rec.op_record(stringify!($name)), *$breaker)
+    };
+    (@trace $ret_kind:ident, $name:ident, $rec:ident, $breaker:ident,
+        ($($arg:ident: $kind:ident),*)) => {{
+        let op = stringify!($name);
+        // A draw from the trainer's generator is matched where it draws (`backend::random`).
+        if !(op == "float_random" && $breaker.is_none()) {
+            let mut keys = Vec::new();
+            $(forward_ops!(@trace_keys $kind, keys, $arg);)*
+            if let Some(outputs) =
+                $crate::backend::trace::matched(&$rec.op_record(op), *$breaker, &keys)
+            {
+                return forward_ops!(@hand_out $ret_kind, outputs);
+            }
+        }
+    }};
+    (@hand_out tensor, $outputs:ident) => { $crate::backend::trace::hand_out(&$outputs, 0) };
+    (@hand_out pair, $outputs:ident) => {
+        (
+            $crate::backend::trace::hand_out(&$outputs, 0),
+            $crate::backend::trace::hand_out(&$outputs, 1),
+        )
+    };
 
     (
         $trait:ident;
@@ -193,6 +251,11 @@ macro_rules! forward_ops {
                         });
                         (rec, forward_ops!(@breaker $class $(($($detail),*))?), kept)
                     });
+                    if let Some((rec, breaker, _)) = &recorder
+                        && $crate::backend::trace::active()
+                    {
+                        forward_ops!(@trace $ret_kind, $name, rec, breaker, ($($arg: $kind),*));
+                    }
                     let out = forward_ops!(
                         @ret $ret_kind,
                         forward_ops!(@call $name, $trait, $(forward_ops!(@arg $kind, $arg)),*)
@@ -201,7 +264,7 @@ macro_rules! forward_ops {
                         forward_ops!(@output $ret_kind, rec, out);
                         if let Some(kept) = kept {
                             forward_ops!(
-                                @emulate $ret_kind, $name, $trait, out, kept, breaker,
+                                @emulate $ret_kind, $name, $trait, out, kept, breaker, rec,
                                 ($($arg: $kind),*)
                             );
                         }

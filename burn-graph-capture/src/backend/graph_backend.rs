@@ -12,6 +12,8 @@ use super::holder::Holder;
 use super::identity::Allocated;
 use super::primitive::AnyTensor;
 use super::routed_matmul::RoutedMatmul;
+use super::stand_in::StandIn;
+use super::trace::TraceRecording;
 use crate::rng::RandomDraws;
 
 /// Identity of a tensor's storage, stable while that storage lives.
@@ -32,10 +34,10 @@ pub struct BufferId(pub u64);
 /// `nn::GruKernels`) are bound only where they are used.
 pub trait GraphBackend:
     Backend<
-        FloatTensorPrimitive: Allocated,
-        IntTensorPrimitive: Allocated,
-        BoolTensorPrimitive: Allocated,
-        QuantizedTensorPrimitive: Allocated,
+        FloatTensorPrimitive: Allocated + StandIn,
+        IntTensorPrimitive: Allocated + StandIn,
+        BoolTensorPrimitive: Allocated + StandIn,
+        QuantizedTensorPrimitive: Allocated + StandIn,
     > + RoutedMatmul
     + RandomDraws
 {
@@ -71,6 +73,13 @@ pub trait GraphBackend:
 
     /// Launches the graph once.
     fn replay(graph: &Self::Graph) -> Result<(), GraphError>;
+
+    /// What a trace of a later step matches op by op before the graph replays
+    /// (`backend::trace`); `None` where the graph's outputs have no stand-ins, whose
+    /// replays then run untraced (the default).
+    fn trace_recording(_graph: &Self::Graph) -> Option<TraceRecording> {
+        None
+    }
 
     /// `tensor`, made inside a [`capture`](Self::capture)'s step, as a tensor of the
     /// caller's stream `caller` (the same buffer): what a captured step hands back.

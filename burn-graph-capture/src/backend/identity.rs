@@ -115,6 +115,8 @@ mod flex {
         }
     }
 
+    impl crate::backend::StandIn for FlexQTensor {}
+
     /// Quantized Flex tensors keep their storage private.
     impl Allocated for FlexQTensor {
         fn allocation_id(&self) -> Option<AllocationId> {
@@ -142,6 +144,11 @@ mod cuda {
             counter_in_debug(&text, "ManagedMemoryId { value: ").map(AllocationId::unique)
         }
     }
+
+    /// No stand-ins yet: replays on the CUDA stacks run untraced.
+    impl crate::backend::StandIn for CubeTensor<CudaGraphRuntime> {}
+
+    impl<R: FusionRuntime> crate::backend::StandIn for FusionTensor<R> {}
 
     /// Fusion numbers every tensor it creates from a process-wide counter; a fused op's
     /// result is always a new id, even where its kernel wrote in place.

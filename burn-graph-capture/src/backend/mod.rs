@@ -34,7 +34,9 @@ mod random;
 mod relabel;
 mod routed_matmul;
 pub mod session;
+mod stand_in;
 mod tensor_kind;
+pub(crate) mod trace;
 
 pub use base::{GraphCapture, TrainBackend};
 #[cfg(feature = "cuda")]
@@ -52,4 +54,6 @@ pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, ExternalRead, OpRecord, OpSignature, Recording,
     TensorSig,
 };
+pub use stand_in::StandIn;
 pub use tensor_kind::TensorKind;
+pub use trace::Untraced;

@@ -8,8 +8,9 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{FloatDType, Shape};
 
 use super::GraphBackend;
-use super::emulated::program;
-use super::session::{self, BreakerKind};
+use super::emulated::program::{self, StandInValue};
+use super::session::{self, BreakerKind, OpRecorder};
+use super::trace;
 use crate::rng::scope;
 
 /// The open scope's generator state, if it serves a draw of `shape` and `dtype` on
@@ -55,12 +56,26 @@ pub(crate) fn float_random<B: GraphBackend>(
                 rec.attr(&draw);
             });
         }
+        // What a trace matches: the state read, the draw's index and what it draws.
+        let record = || {
+            let mut rec = OpRecorder::default();
+            rec.tensor(&state);
+            rec.attr(&(draw, &shape, distribution, dtype));
+            rec.op_record("float_random")
+        };
+        if trace::active()
+            && let Some(drawn) = trace::matched(&record(), None, &[program::key_of(&state)])
+        {
+            return trace::hand_out(&drawn, 0);
+        }
         let drawn = B::random(&state, draw, shape.clone(), distribution, dtype);
         if program::recording() {
             // An emulated graph draws again at replay, from the state as it is then.
-            let read = program::input("random_state", &state);
-            let slot = program::output("random_state", &drawn);
-            program::push(
+            let read = program::input("float_random", &state);
+            let slot = program::output("float_random", &drawn);
+            let stand_in = StandInValue::of(&drawn).map(|s| vec![s]);
+            let record = record();
+            program::push_traced(
                 "float_random",
                 Box::new(move |env| {
                     let state: IntTensor<B> = env.take(&read)?;
@@ -70,6 +85,9 @@ pub(crate) fn float_random<B: GraphBackend>(
                     );
                     Ok(())
                 }),
+                record,
+                true,
+                stand_in,
             );
         }
         return drawn;

@@ -358,6 +358,15 @@ impl OpRecorder {
         self.attrs.write_u8(0xff);
     }
 
+    /// The op as a session records it: a trace compares it with the graph's.
+    pub(crate) fn op_record(&self, op: &'static str) -> OpRecord {
+        OpRecord {
+            op,
+            inputs: self.inputs.clone(),
+            attrs: self.attrs.clone().finish(),
+        }
+    }
+
     /// Records the op into every open session of this thread.
     pub(crate) fn commit(self, op: &'static str, breaker: Option<BreakerKind>) {
         let record = OpRecord {

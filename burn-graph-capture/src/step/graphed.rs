@@ -30,6 +30,7 @@ use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, Pins, copy_float};
 use crate::backend::Captured as Window;
 use crate::backend::session::Kept;
+use crate::backend::trace::TraceRecording;
 use crate::backend::{
     Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
     Holder, TrainBackend,
@@ -516,6 +517,30 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             G::copy_into(input, tensor).map_err(|error| once_if_layout(error, fatal))?;
         }
         Ok(())
+    }
+
+    /// What a trace of `key`'s step matches, with the batch inputs its graph reads (the
+    /// trace runs the closure on them, as the capture did), where the graph has one.
+    pub(crate) fn trace_of(&self, key: &InputKey) -> Option<(TraceRecording, Vec<AnyTensor<G>>)> {
+        let step = self.cache.graph(key)?;
+        Some((G::trace_recording(&step.graph)?, step.inputs.clone()))
+    }
+
+    /// Puts the learner back on the pins without copying: after a trace that matched (it
+    /// left the learner on stand-ins), or one that failed (nothing it ran is kept).
+    pub(crate) fn reseat<M, O>(&self, learner: &mut Learner<M, O>)
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        if let Some(pins) = self.pins.get() {
+            pins.reseat_learner(learner);
+        }
+    }
+
+    /// `key`'s graph no longer stands for its steps: the shape warms up again.
+    pub(crate) fn stale(&mut self, key: &InputKey) {
+        self.cache.stale(key);
     }
 
     /// Launches the graph of `key`, prepared by [`prepare_replay`](Self::prepare_replay).

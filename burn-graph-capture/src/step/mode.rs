@@ -7,6 +7,7 @@ use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
 use super::registry::TrainerId;
+use crate::backend::trace::Difference;
 use crate::backend::{CaptureBreaker, GraphError};
 
 /// How one step ran.
@@ -143,6 +144,17 @@ pub enum StepChange {
         /// The op.
         op: Cow<'static, str>,
     },
+    /// Op `index` read another value at argument `argument` than the graph's op did:
+    /// another parameter, batch input or constant, or another op's output (a branch
+    /// among tensors of one shape).
+    OtherInput {
+        /// Index of the op in the step's signature.
+        index: usize,
+        /// The op.
+        op: Cow<'static, str>,
+        /// Which of its tensor arguments.
+        argument: usize,
+    },
     /// Op `index` ran with other host values: a scalar, dims or options. A host value
     /// that changes between steps (a loss weight, an annealing factor, a flag) belongs
     /// in the batch: as a tensor (a 0-d or 1-element `Tensor`), or as a
@@ -196,6 +208,14 @@ impl fmt::Display for StepChange {
                     "op {index} (`{op}`) read tensors of other shapes or types"
                 )
             }
+            StepChange::OtherInput {
+                index,
+                op,
+                argument,
+            } => write!(
+                f,
+                "op {index} (`{op}`) read another tensor at argument {argument} than the graph's"
+            ),
             StepChange::HostValues { index, op } => write!(
                 f,
                 "op {index} (`{op}`) ran with other host values; pass a host value that \
@@ -215,6 +235,38 @@ impl fmt::Display for StepChange {
                 "`{op}` read a {dtype:?} tensor of shape {shape:?} other than the graph's \
                  (a tensor replaced since the capture)"
             ),
+        }
+    }
+}
+
+/// Where a trace stopped matching its graph, as a step change.
+impl From<Difference> for StepChange {
+    fn from(difference: Difference) -> Self {
+        match difference {
+            Difference::Breaker(breaker) => StepChange::Breaker(breaker),
+            Difference::OtherOp { index, graph, step } => StepChange::OtherOp {
+                index,
+                graph: graph.into(),
+                step: step.into(),
+            },
+            Difference::InputShapes { index, op } => StepChange::InputShapes {
+                index,
+                op: op.into(),
+            },
+            Difference::HostValues { index, op } => StepChange::HostValues {
+                index,
+                op: op.into(),
+            },
+            Difference::OtherInput {
+                index,
+                op,
+                argument,
+            } => StepChange::OtherInput {
+                index,
+                op: op.into(),
+                argument,
+            },
+            Difference::OpCount { graph, step } => StepChange::OpCount { graph, step },
         }
     }
 }

@@ -38,6 +38,14 @@ pub struct TrainerReport {
     /// also the ranks' agreement, and a replay's copy of the batch, made before it), in
     /// milliseconds, summed.
     pub check_ms: f64,
+    /// Replays whose step was traced and matched its graph op by op
+    /// (`backend::trace`; graphs with stand-ins only). (Absent from reports written
+    /// before traces existed: read as 0.)
+    #[serde(default)]
+    pub traces_matched: u64,
+    /// Host time spent tracing steps against their graphs, in milliseconds.
+    #[serde(default)]
+    pub trace_ms: f64,
     /// Bytes pinned in the arena for parameters and optimizer state.
     pub pinned_bytes: u64,
     /// Graphs currently alive.

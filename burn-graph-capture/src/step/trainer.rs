@@ -16,7 +16,7 @@ use super::fit;
 use super::graphed::{Captured, Fallback, FallbackScope, Graphs, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, StepContext, with_own_state};
-use super::mode::{FallbackReason, StepMode};
+use super::mode::{FallbackReason, StepChange, StepMode};
 use super::output::{StepOutput, detached};
 use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
 use super::pinning::{buffer_id, shareable_buffers};
@@ -24,8 +24,9 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
+use crate::backend::trace::{Trace, Traced};
 use crate::backend::{
-    AnyTensor, CaptureSession, GraphBackend, GraphCapture, Recording, TrainBackend,
+    AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
 use crate::optim::CapturableOptimizer;
 use crate::parallel::{Collectives, Disagreement, DistError, RankMember};
@@ -505,8 +506,7 @@ where
                 Captured::Once(output, reason) => (output, StepMode::Eager(reason)),
             })
         } else {
-            self.replay(key, inputs)
-                .map(|output| (output, StepMode::Replayed))
+            self.replay(key, batch, inputs)
         };
         let reason = match attempt {
             Ok(done) => return Ok(done),
@@ -516,19 +516,88 @@ where
         Ok((output, StepMode::Eager(reason)))
     }
 
-    /// A replay: prepared here, or (data-parallel) before the ranks agreed on it. A
-    /// data-parallel launch that fails fails the group: the peers launched theirs.
-    fn replay(&mut self, key: &InputKey, inputs: &[AnyTensor<G>]) -> Result<R::Item, Fallback> {
+    /// A replay: prepared here, or (data-parallel) before the ranks agreed on it. Where
+    /// the graph has a trace recording, the step is traced first and replays only if it
+    /// matched; otherwise it went on eagerly from where it differed. A data-parallel
+    /// launch that fails fails the group: the peers launched theirs.
+    fn replay(
+        &mut self,
+        key: &InputKey,
+        batch: &I,
+        inputs: &[AnyTensor<G>],
+    ) -> Result<(R::Item, StepMode), Fallback> {
         let Some(rank) = &self.rank else {
             self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
-            return self.graphs.launch_replay(key);
+            if let Some(eager) = self.trace(key, batch)? {
+                return Ok(eager);
+            }
+            let output = self.graphs.launch_replay(key)?;
+            return Ok((output, StepMode::Replayed));
         };
         self.graphs
             .launch_replay(key)
+            .map(|output| (output, StepMode::Replayed))
             .map_err(|fallback| match fallback {
                 Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
                 refused @ Fallback::Refused(_) => refused,
             })
+    }
+
+    /// Traces the step against `key`'s graph (`backend::trace`): the closure, backward
+    /// pass and update run on the graph's batch inputs, each op matched instead of run.
+    /// `None`: every op matched (or the graph has no trace recording), and the graph may
+    /// launch; else the step, which went on eagerly from the first difference, with the
+    /// difference as its reason (the shape warms up again).
+    fn trace(
+        &mut self,
+        key: &InputKey,
+        batch: &I,
+    ) -> Result<Option<(R::Item, StepMode)>, Fallback> {
+        let Some((recording, static_inputs)) = self.graphs.trace_of(key) else {
+            return Ok(None);
+        };
+        let Some(trace) = Trace::begin(&recording) else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let static_batch = on_inputs(batch, &static_inputs);
+        let session = CaptureSession::begin();
+        let (_, mut cx) = self.parts();
+        let item = cx.train(&static_batch);
+        drop(session);
+        let traced = trace.end();
+        self.report.trace_ms += started.elapsed().as_secs_f64() * 1e3;
+        let (graphs, cx) = self.parts();
+        match traced {
+            Traced::Matched => {
+                graphs.reseat(cx.learner);
+                item.map_err(Fallback::Refused)?;
+                self.report.traces_matched += 1;
+                Ok(None)
+            }
+            Traced::Diverged(difference) => {
+                let item = item.map_err(Fallback::Refused)?;
+                cx.random.advance_eager();
+                graphs.write_back_eager(cx.learner);
+                graphs.stale(key);
+                self.register_buffers();
+                let change = StepChange::from(difference);
+                tracing::info!(%change, "a step differed from its graph; it ran eagerly");
+                Ok(Some((
+                    detached(&item),
+                    StepMode::Eager(FallbackReason::GraphStale { change }),
+                )))
+            }
+            Traced::Failed(why) => {
+                // Nothing the trace ran is kept: the pins hold the values before the step.
+                tracing::error!(%why, "a trace could not continue eagerly; the step runs again");
+                graphs.reseat(cx.learner);
+                graphs.stale(key);
+                Err(Fallback::step(FallbackReason::Graph(
+                    GraphError::EmulatedReplay(why),
+                )))
+            }
+        }
     }
 
     /// What a failed graph step leaves for later steps (a shape or the whole trainer

@@ -590,6 +590,15 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             return Err(format!("snapshot {index} changed after it was taken"));
         }
     }
+    // On emulated graphs every replay is traced: no replay runs unless the step closure
+    // ran for that step and matched its graph.
+    let report = trainer.report();
+    if EmulatedGraphs::active() && report.traces_matched != report.modes.replayed {
+        return Err(format!(
+            "{} replays, {} traces matched",
+            report.modes.replayed, report.traces_matched
+        ));
+    }
     trace.params = parameter_bits(trainer.model().ok_or("model missing")?);
     Ok(trace)
 }

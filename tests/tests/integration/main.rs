@@ -38,6 +38,7 @@ mod step_inputs;
 mod step_lifecycle;
 mod step_tracing;
 mod threads;
+mod traced_replays;
 mod unlisted_inputs;
 
 /// What this binary's layout relies on, which nothing else checks: a file in

@@ -22,6 +22,8 @@ use std::sync::Arc;
 use burn_backend::TensorMetadata;
 
 use crate::backend::identity::{Allocated, AllocationId};
+use crate::backend::session::OpRecord;
+use crate::backend::stand_in::StandIn;
 
 /// A value of the step, type-erased: the inner backend's primitives.
 type Value = Arc<dyn Any + Send + Sync>;
@@ -77,7 +79,7 @@ impl Outside {
 }
 
 /// What one recorded op does at replay.
-pub(crate) type Thunk = Box<dyn Fn(&mut Env<'_>) -> Result<(), Missing> + Send>;
+pub(crate) type Thunk = Box<dyn Fn(&mut Env<'_>) -> Result<(), Missing> + Send + Sync>;
 
 /// One value of a recorded step.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,10 +108,49 @@ pub(crate) struct NotEmulated {
 struct Step {
     op: &'static str,
     run: Thunk,
+    /// What a trace of a later step must match, for a step the closure's ops made.
+    traced: Option<Traced>,
+}
+
+/// One op of the step as a trace sees it: its record, the slots it read and wrote, and
+/// the stand-ins a matched op hands back in place of its outputs.
+pub(crate) struct Traced {
+    pub(crate) record: OpRecord,
+    pub(crate) inputs: Vec<Option<Slot>>,
+    pub(crate) outputs: Vec<Option<Slot>>,
+    pub(crate) stand_ins: Vec<StandInValue>,
+}
+
+/// A stand-in for one output, and how to fill it with a value of its type.
+pub(crate) struct StandInValue {
+    pub(crate) value: Value,
+    /// The stand-in's own key, by which a trace knows it when an op reads it.
+    pub(crate) key: Option<Key>,
+    fill: fn(&Value, &Value) -> bool,
+}
+
+impl StandInValue {
+    /// A stand-in for `output`, where its type has them.
+    pub(crate) fn of<T>(output: &T) -> Option<Self>
+    where
+        T: StandIn + TensorMetadata + Allocated + Send + Sync + 'static,
+    {
+        fn fill<T: StandIn + 'static>(stand_in: &Value, value: &Value) -> bool {
+            match (stand_in.downcast_ref::<T>(), value.downcast_ref::<T>()) {
+                (Some(stand_in), Some(value)) => stand_in.fill(value),
+                _ => false,
+            }
+        }
+        let stand_in = output.stand_in()?;
+        Some(Self {
+            key: key_of(&stand_in),
+            value: Arc::new(stand_in),
+            fill: fill::<T>,
+        })
+    }
 }
 
 /// A program being recorded on this thread.
-#[derive(Default)]
 struct Recorder {
     /// The generation each key is at: produced keys only.
     generations: HashMap<(AllocationId, u64), u32>,
@@ -120,6 +161,10 @@ struct Recorder {
     reads: HashMap<Slot, usize>,
     /// The first op that could not be recorded.
     refused: Option<NotEmulated>,
+    /// Slots the op being recorded read and wrote, taken by its step.
+    pending: (Vec<Option<Slot>>, Vec<Option<Slot>>),
+    /// Whether every traced step has its stand-ins.
+    traceable: bool,
 }
 
 thread_local! {
@@ -141,6 +186,35 @@ fn view_of<T: TensorMetadata + Allocated>(tensor: &T) -> u64 {
     tensor.dtype().hash(&mut hasher);
     tensor.view_hash().hash(&mut hasher);
     hasher.finish()
+}
+
+/// What tells a tensor's values apart: its allocation and view.
+pub(crate) type Key = (AllocationId, u64);
+
+/// The key of `tensor`, where it names its allocation.
+pub(crate) fn key_of<T: TensorMetadata + Allocated>(tensor: &T) -> Option<Key> {
+    Some((tensor.allocation_id()?, view_of(tensor)))
+}
+
+impl Slot {
+    /// The slot of `key` after `generation` ops produced it (0: read from outside).
+    pub(crate) fn new(key: Key, generation: u32) -> Self {
+        Self {
+            allocation: key.0,
+            view: key.1,
+            generation,
+        }
+    }
+
+    /// The allocation and view.
+    pub(crate) fn key(&self) -> Key {
+        (self.allocation.clone(), self.view)
+    }
+
+    /// How many ops had produced its key.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
 }
 
 /// The slot a tensor the op reads is in now; a tensor no op of the step produced is
@@ -168,6 +242,7 @@ where
                 .or_insert_with(|| Outside::of(tensor));
         }
         *recorder.reads.entry(slot.clone()).or_default() += 1;
+        recorder.pending.0.push(Some(slot.clone()));
         slot
     })
 }
@@ -182,11 +257,13 @@ pub(crate) fn output<T: TensorMetadata + Allocated>(op: &'static str, tensor: &T
         let key = (allocation, view_of(tensor));
         let generation = recorder.generations.entry(key.clone()).or_default();
         *generation += 1;
-        Slot {
+        let slot = Slot {
             allocation: key.0,
             view: key.1,
             generation: *generation,
-        }
+        };
+        recorder.pending.1.push(Some(slot.clone()));
+        slot
     })
 }
 
@@ -196,9 +273,41 @@ pub(crate) fn produced(slot: &Option<Slot>) -> bool {
     slot.as_ref().is_some_and(|slot| slot.generation > 0)
 }
 
-/// Adds an op's step.
+/// Adds a step that no trace matches (a write into a pin, the generator's advance).
 pub(crate) fn push(op: &'static str, run: Thunk) {
-    with(|recorder| recorder.steps.push(Step { op, run }));
+    with(|recorder| {
+        recorder.pending = Default::default();
+        recorder.steps.push(Step {
+            op,
+            run,
+            traced: None,
+        })
+    });
+}
+
+/// Adds the step of an op the step closure's work made, which later steps' traces
+/// match: `record` as the session recorded it, the slots it read (`visible`: those of
+/// its tensor arguments; a served draw's generator state is not one) and wrote since the
+/// last step, and a stand-in for each output (`None` where the type has none: the
+/// program then cannot be traced).
+pub(crate) fn push_traced(
+    op: &'static str,
+    run: Thunk,
+    record: OpRecord,
+    visible: bool,
+    stand_ins: Option<Vec<StandInValue>>,
+) {
+    with(|recorder| {
+        let (inputs, outputs) = std::mem::take(&mut recorder.pending);
+        let traced = stand_ins.map(|stand_ins| Traced {
+            record,
+            inputs: if visible { inputs } else { Vec::new() },
+            outputs,
+            stand_ins,
+        });
+        recorder.traceable &= traced.is_some();
+        recorder.steps.push(Step { op, run, traced });
+    });
 }
 
 /// What a step keeps of an argument it does not replay.
@@ -224,7 +333,15 @@ impl Recording {
             if r.is_some() {
                 return None;
             }
-            *r = Some(Recorder::default());
+            *r = Some(Recorder {
+                generations: HashMap::new(),
+                outside: HashMap::new(),
+                steps: Vec::new(),
+                reads: HashMap::new(),
+                refused: None,
+                pending: Default::default(),
+                traceable: true,
+            });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
             })
@@ -240,11 +357,12 @@ impl Recording {
         if let Some(refused) = recorder.refused {
             return Err(refused);
         }
-        Ok(Program {
+        Ok(Program(Arc::new(Inner {
             outside: recorder.outside,
             steps: recorder.steps,
             reads: recorder.reads,
-        })
+            traceable: recorder.traceable,
+        })))
     }
 }
 
@@ -255,17 +373,21 @@ impl Drop for Recording {
 }
 
 /// A recorded step, replayable: what an emulated graph is.
-pub struct Program {
+pub struct Program(Arc<Inner>);
+
+/// A program's recording, shared with the traces that match it.
+pub(crate) struct Inner {
     outside: HashMap<Slot, Outside>,
     steps: Vec<Step>,
     reads: HashMap<Slot, usize>,
+    traceable: bool,
 }
 
 impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Program")
-            .field("steps", &self.steps.len())
-            .field("outside", &self.outside.len())
+            .field("steps", &self.0.steps.len())
+            .field("outside", &self.0.outside.len())
             .finish()
     }
 }
@@ -273,23 +395,85 @@ impl std::fmt::Debug for Program {
 impl Program {
     /// Runs every step in order.
     pub(crate) fn run(&self) -> Result<(), Missing> {
+        self.0.run_until(self.0.steps.len(), |_, _| {})
+    }
+
+    /// The recording, for a trace to match, if every op of it has stand-ins.
+    pub(crate) fn traceable(&self) -> Option<Arc<Inner>> {
+        self.0.traceable.then(|| Arc::clone(&self.0))
+    }
+
+    /// The names of the recorded ops, in order.
+    #[cfg(test)]
+    pub(crate) fn ops(&self) -> Vec<&'static str> {
+        self.0.steps.iter().map(|step| step.op).collect()
+    }
+}
+
+impl Inner {
+    /// Runs steps `..end`; `after` sees each traced step and the values it bound.
+    fn run_until(
+        &self,
+        end: usize,
+        mut after: impl FnMut(&Traced, &Env<'_>),
+    ) -> Result<(), Missing> {
         let mut env = Env {
             values: HashMap::new(),
             outside: &self.outside,
             left: self.reads.clone(),
             op: "",
         };
-        for step in &self.steps {
+        for step in &self.steps[..end] {
             env.op = step.op;
             (step.run)(&mut env)?;
+            if let Some(traced) = &step.traced {
+                after(traced, &env);
+            }
         }
         Ok(())
     }
 
-    /// The names of the recorded ops, in order.
-    #[cfg(test)]
-    pub(crate) fn ops(&self) -> Vec<&'static str> {
-        self.steps.iter().map(|step| step.op).collect()
+    /// The steps, each with its trace record where it has one.
+    pub(crate) fn traced(&self, step: usize) -> Option<Option<&Traced>> {
+        self.steps.get(step).map(|step| step.traced.as_ref())
+    }
+
+    /// The number of traced steps.
+    pub(crate) fn traced_count(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|step| step.traced.is_some())
+            .count()
+    }
+
+    /// Whether `slot` is a value read from outside the step.
+    pub(crate) fn reads_outside(&self, slot: &Slot) -> bool {
+        self.outside.contains_key(slot)
+    }
+
+    /// Runs steps `..end` on the values as they are now and fills the stand-ins of the
+    /// traced ones with what they compute: a trace that stopped matching at step `end`
+    /// hands the closure real values from there on.
+    pub(crate) fn fill_until(&self, end: usize) -> Result<(), Missing> {
+        let mut unfilled = None;
+        self.run_until(end, |traced, env| {
+            for (slot, stand_in) in traced.outputs.iter().zip(&traced.stand_ins) {
+                let filled = slot
+                    .as_ref()
+                    .and_then(|slot| env.values.get(slot))
+                    .is_some_and(|value| (stand_in.fill)(&stand_in.value, value));
+                if !filled {
+                    unfilled.get_or_insert(traced.record.op);
+                }
+            }
+        })?;
+        match unfilled {
+            Some(op) => Err(Missing {
+                op,
+                what: "stand-in to fill",
+            }),
+            None => Ok(()),
+        }
     }
 }
 

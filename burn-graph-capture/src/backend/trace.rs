@@ -1,0 +1,347 @@
+//! The trace of a replayed step: the step closure runs, and each op is matched against
+//! the graph's recording instead of running.
+//!
+//! A replay does not call the closure on its own, so whatever the closure reads from
+//! the host (a loss weight, a coin, its own counter) would replay as it was at capture.
+//! With a trace, the closure, autodiff's backward pass and the optimizer run as usual,
+//! but each op the decorator forwards is compared with the recorded op at its place:
+//! its name, input shapes and dtypes, host attributes, and which value each input is
+//! (the output of which recorded op, or which tensor from outside: a pinned parameter,
+//! a batch input, a constant). A matched op launches nothing and hands back stand-ins
+//! for its outputs, tensors the recording made for them. When the whole step matched,
+//! the graph replays. At the first op that differs, the recorded ops before it run on
+//! the values as they are now, their stand-ins are filled with what they compute, and
+//! the step goes on eagerly from that op, so that it equals plain code and the closure
+//! is called once.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::emulated::program::{Inner, Key, Slot};
+use super::session::{BreakerKind, CaptureBreaker, OpRecord};
+
+/// Where a trace stopped matching its graph; `index` counts the ops matched before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Difference {
+    /// A capture breaker (a host read) where the graph has none.
+    Breaker(CaptureBreaker),
+    /// Another op than the graph's.
+    OtherOp {
+        index: usize,
+        graph: &'static str,
+        step: &'static str,
+    },
+    /// Inputs of other shapes or dtypes.
+    InputShapes { index: usize, op: &'static str },
+    /// Other host values.
+    HostValues { index: usize, op: &'static str },
+    /// Input `argument` is another value than the graph's (another parameter, batch
+    /// input or constant, or another op's output).
+    OtherInput {
+        index: usize,
+        op: &'static str,
+        argument: usize,
+    },
+    /// Another number of ops.
+    OpCount { graph: usize, step: usize },
+}
+
+thread_local! {
+    static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
+    /// Open [`Untraced`] guards on this thread.
+    static UNTRACED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Replays without traces on this thread while the guard lives, as graphs replayed
+/// before traces existed: what the step closure reads from the host replays as it was
+/// at capture. For tests that show what a trace catches.
+#[must_use = "replays are untraced only while the guard lives"]
+pub struct Untraced {
+    _thread_bound: std::marker::PhantomData<*const ()>,
+}
+
+impl Untraced {
+    /// Replays untraced on this thread until the guard is dropped.
+    pub fn on() -> Self {
+        UNTRACED.with(|untraced| untraced.set(untraced.get() + 1));
+        Self {
+            _thread_bound: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Untraced {
+    fn drop(&mut self) {
+        UNTRACED.with(|untraced| untraced.set(untraced.get() - 1));
+    }
+}
+
+/// A trace in progress on this thread.
+struct Tracer {
+    recording: Arc<Inner>,
+    /// The step after the last one matched.
+    next: usize,
+    /// Traced ops matched so far.
+    matched: usize,
+    /// The recorded key each stand-in handed out stands for.
+    stand_ins: HashMap<Key, Key>,
+    /// The generation each recorded key is at after the ops matched so far: a read of a
+    /// key is a read of its latest value, as the recording took it.
+    latest: HashMap<Key, u32>,
+    /// Where the trace stopped matching, once it did.
+    diverged: Option<Difference>,
+}
+
+/// A graph's recording as traces match it (`GraphBackend::trace_recording`).
+pub struct TraceRecording(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for TraceRecording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TraceRecording({} ops)", self.0.traced_count())
+    }
+}
+
+/// How a trace came out.
+#[derive(Debug)]
+pub(crate) enum Traced {
+    /// Every op matched the recording: the graph may replay.
+    Matched,
+    /// The step differed; it went on eagerly from the first difference.
+    Diverged(Difference),
+    /// Filling the stand-ins failed (a recording the emulation got wrong): the step's
+    /// values cannot be trusted.
+    Failed(String),
+}
+
+/// A trace on this thread until it is ended or dropped.
+pub(crate) struct Trace {
+    _thread_bound: std::marker::PhantomData<*const ()>,
+}
+
+impl Trace {
+    /// Starts tracing against `recording`; `None` if a trace is already running here.
+    pub(crate) fn begin(recording: &TraceRecording) -> Option<Self> {
+        if UNTRACED.with(std::cell::Cell::get) != 0 {
+            return None;
+        }
+        let recording = Arc::clone(&recording.0);
+        TRACER.with(|tracer| {
+            let mut tracer = tracer.borrow_mut();
+            if tracer.is_some() {
+                return None;
+            }
+            *tracer = Some(Tracer {
+                recording,
+                next: 0,
+                matched: 0,
+                stand_ins: HashMap::new(),
+                latest: HashMap::new(),
+                diverged: None,
+            });
+            Some(Self {
+                _thread_bound: std::marker::PhantomData,
+            })
+        })
+    }
+
+    /// Ends the trace after the step's work: matched if every recorded op was.
+    pub(crate) fn end(self) -> Traced {
+        let outcome = TRACER.with(|tracer| {
+            let mut tracer = tracer.borrow_mut();
+            let tracer = tracer.as_mut().expect("a trace owns its tracer");
+            if tracer.diverged.is_none() {
+                let graph = tracer.recording.traced_count();
+                if tracer.matched < graph {
+                    // The step ran fewer ops than the graph: what it ran matched, and
+                    // was never computed.
+                    let change = Difference::OpCount {
+                        graph,
+                        step: tracer.matched,
+                    };
+                    if let Err(failed) = tracer.diverge(change) {
+                        return Traced::Failed(failed);
+                    }
+                }
+            }
+            match tracer.diverged.clone() {
+                None => Traced::Matched,
+                Some(change) => Traced::Diverged(change),
+            }
+        });
+        drop(self);
+        outcome
+    }
+}
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        TRACER.with(|tracer| tracer.borrow_mut().take());
+    }
+}
+
+/// Whether ops are being matched on this thread (a trace runs and still matches).
+pub(crate) fn active() -> bool {
+    TRACER.with(|tracer| {
+        tracer
+            .borrow()
+            .as_ref()
+            .is_some_and(|tracer| tracer.diverged.is_none())
+    })
+}
+
+/// Matches one op that makes tensors: its stand-ins if it is the recorded op at its
+/// place with the same inputs, else `None` (the trace then stopped matching, the
+/// recorded ops before it computed, and the op runs).
+pub(crate) fn matched(
+    record: &OpRecord,
+    breaker: Option<BreakerKind>,
+    inputs: &[Option<Key>],
+) -> Option<Vec<Arc<dyn std::any::Any + Send + Sync>>> {
+    TRACER.with(|tracer| {
+        let mut tracer = tracer.borrow_mut();
+        let tracer = tracer.as_mut()?;
+        if tracer.diverged.is_some() {
+            return None;
+        }
+        match tracer.compare(record, breaker, inputs) {
+            Ok(outputs) => Some(outputs),
+            Err(change) => {
+                if let Err(failed) = tracer.diverge(change) {
+                    panic!("a trace could not hand the step real values: {failed}");
+                }
+                None
+            }
+        }
+    })
+}
+
+/// Output `index` of a matched op's stand-ins, as the op's output type.
+pub(crate) fn hand_out<T: Clone + 'static>(
+    outputs: &[Arc<dyn std::any::Any + Send + Sync>],
+    index: usize,
+) -> T {
+    outputs[index]
+        .downcast_ref::<T>()
+        .cloned()
+        .expect("a matched op's stand-ins are of its output types")
+}
+
+/// An op that makes no tensor but must not be matched (a host read): the trace stops
+/// matching before it.
+pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
+    TRACER.with(|tracer| {
+        let mut tracer = tracer.borrow_mut();
+        let Some(tracer) = tracer.as_mut() else {
+            return;
+        };
+        if tracer.diverged.is_some() {
+            return;
+        }
+        let change = match breaker {
+            Some(kind) => Difference::Breaker(CaptureBreaker::new(kind, record.op)),
+            None => Difference::OtherOp {
+                index: tracer.matched,
+                graph: "an op making tensors",
+                step: record.op,
+            },
+        };
+        if let Err(failed) = tracer.diverge(change) {
+            panic!("a trace could not hand the step real values: {failed}");
+        }
+    });
+}
+
+impl Tracer {
+    /// The stand-ins of the next recorded op, if `record` and `inputs` are its.
+    fn compare(
+        &mut self,
+        record: &OpRecord,
+        breaker: Option<BreakerKind>,
+        inputs: &[Option<Key>],
+    ) -> Result<Vec<Arc<dyn std::any::Any + Send + Sync>>, Difference> {
+        let index = self.matched;
+        if let Some(kind) = breaker {
+            return Err(Difference::Breaker(CaptureBreaker::new(kind, record.op)));
+        }
+        let mut step = self.next;
+        let traced = loop {
+            match self.recording.traced(step) {
+                Some(Some(traced)) => break traced,
+                Some(None) => step += 1,
+                None => {
+                    return Err(Difference::OpCount {
+                        graph: self.recording.traced_count(),
+                        step: index + 1,
+                    });
+                }
+            }
+        };
+        let recorded = &traced.record;
+        if recorded.op != record.op {
+            return Err(Difference::OtherOp {
+                index,
+                graph: recorded.op,
+                step: record.op,
+            });
+        }
+        if recorded.inputs != record.inputs {
+            return Err(Difference::InputShapes {
+                index,
+                op: record.op,
+            });
+        }
+        if recorded.attrs != record.attrs {
+            return Err(Difference::HostValues {
+                index,
+                op: record.op,
+            });
+        }
+        let read = |key: &Option<Key>| -> Option<Slot> {
+            let key = key.as_ref()?;
+            let key = self.stand_ins.get(key).unwrap_or(key);
+            let generation = self.latest.get(key).copied().unwrap_or(0);
+            let slot = Slot::new(key.clone(), generation);
+            (generation > 0 || self.recording.reads_outside(&slot)).then_some(slot)
+        };
+        let reads: Vec<Option<Slot>> = inputs.iter().map(read).collect();
+        if let Some(argument) = (0..traced.inputs.len().max(reads.len()))
+            .find(|&i| reads.get(i).cloned().flatten() != traced.inputs.get(i).cloned().flatten())
+        {
+            return Err(Difference::OtherInput {
+                index,
+                op: record.op,
+                argument,
+            });
+        }
+        let outputs: Vec<_> = traced
+            .stand_ins
+            .iter()
+            .map(|stand_in| Arc::clone(&stand_in.value))
+            .collect();
+        let keys: Vec<Option<Key>> = traced
+            .stand_ins
+            .iter()
+            .map(|stand_in| stand_in.key.clone())
+            .collect();
+        for (key, slot) in keys.into_iter().zip(traced.outputs.clone()) {
+            if let (Some(key), Some(slot)) = (key, slot) {
+                self.latest.insert(slot.key(), slot.generation());
+                self.stand_ins.insert(key, slot.key());
+            }
+        }
+        self.next = step + 1;
+        self.matched += 1;
+        Ok(outputs)
+    }
+
+    /// Stops matching at the current op: the recorded ops matched so far compute, and
+    /// their stand-ins take what they computed.
+    fn diverge(&mut self, change: Difference) -> Result<(), String> {
+        tracing::debug!(?change, "a trace stopped matching its graph");
+        self.diverged = Some(change);
+        self.recording
+            .fill_until(self.next)
+            .map_err(|missing| missing.to_string())
+    }
+}

@@ -1,0 +1,256 @@
+//! Every replay is traced (emulated graphs): the step closure runs at every step, its
+//! ops are matched against the graph, and a step that differs runs eagerly from the
+//! first difference. So training equals plain eager code when the world of the closure
+//! changes after a capture: a host value (a loss weight), a host branch among tensors
+//! of one shape (which head), a host coin, state inside an `FnMut` closure, a constant
+//! replaced while two graphs read it. Each case also runs with replays untraced
+//! (`Untraced`), which must diverge from plain code: the trace is what catches it.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use burn::module::AutodiffModule;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::ElementConversion;
+use burn_graph_capture::optim::CapturableAdam;
+use burn_graph_capture::{
+    EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig, StepChange, StepMode,
+    Untraced,
+};
+use lstm_example::train::parameter_bits;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::common::models::{D_IN, Regression, materialized};
+use crate::common::{B, adam};
+
+/// `D_IN -> 8`, then one of two heads `8 -> 1` of one shape.
+#[derive(Module, Debug)]
+struct TwoHeads<B: Backend> {
+    body: Linear<B>,
+    first: Linear<B>,
+    second: Linear<B>,
+}
+
+impl<B: Backend> TwoHeads<B> {
+    fn new(device: &B::Device) -> Self {
+        materialized(Self {
+            body: LinearConfig::new(D_IN, 8).init(device),
+            first: LinearConfig::new(8, 1).init(device),
+            second: LinearConfig::new(8, 1).init(device),
+        })
+    }
+
+    fn loss(&self, batch: &Regression<B>, second: bool) -> Tensor<B, 1> {
+        let hidden = self.body.forward(batch.x.clone()).tanh();
+        let head = if second { &self.second } else { &self.first };
+        (head.forward(hidden) - batch.y.clone())
+            .powi_scalar(2)
+            .mean()
+    }
+}
+
+type Model = TwoHeads<B>;
+
+/// One run: each step's loss and mode, the final parameters, and the trainer's counts.
+struct Run {
+    losses: Vec<u32>,
+    params: Vec<Vec<u32>>,
+    modes: Vec<StepMode>,
+    replayed: u64,
+    traced: u64,
+}
+
+const STEPS: usize = 40;
+
+fn batch(step: usize, sizes: &[usize]) -> Regression<B> {
+    Regression::new(step, sizes[step % sizes.len()], &Default::default())
+}
+
+/// Trains with `step`, made fresh by `make` (the world it reads made fresh too), on the
+/// trainer over emulated graphs, or as plain eager code (`trainer` false). `sizes`: the
+/// batch sizes, in turn.
+fn run<F>(make: impl Fn() -> (Box<dyn Fn(usize)>, F), sizes: &[usize], trainer: bool) -> Run
+where
+    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + 'static,
+{
+    let device = Default::default();
+    // Both runs start from one model (the calling test holds the generators).
+    B::seed(&device, 42);
+    let model = Model::new(&device);
+    let (before, mut step) = make();
+    let mut run = Run {
+        losses: Vec::new(),
+        params: Vec::new(),
+        modes: Vec::new(),
+        replayed: 0,
+        traced: 0,
+    };
+    if !trainer {
+        let (mut model, mut optimizer): (Model, CapturableAdam<B>) = (model, adam());
+        for index in 0..STEPS {
+            before(index);
+            let loss = step(&model, &batch(index, sizes));
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optimizer.step(model, grads);
+            run.losses.push(loss.into_scalar().elem::<f32>().to_bits());
+        }
+        run.params = parameter_bits(&model.valid());
+        return run;
+    }
+    let _graphs = EmulatedGraphs::on();
+    let mut trainer = GraphTrainer::new(model, adam(), step, GraphTrainerConfig::new());
+    for index in 0..STEPS {
+        before(index);
+        let outcome = trainer.step(batch(index, sizes)).unwrap();
+        run.losses
+            .push(outcome.output.into_scalar().elem::<f32>().to_bits());
+        run.modes.push(outcome.mode);
+    }
+    run.params = parameter_bits(&trainer.model().unwrap().valid());
+    let report = trainer.report();
+    (run.replayed, run.traced) = (report.modes.replayed, report.traces_matched);
+    run
+}
+
+/// Traced: equal to plain code, replays (each matched by a trace), and a step that
+/// differed for `change`. Untraced: unequal to plain code.
+fn check<F>(
+    make: impl Fn() -> (Box<dyn Fn(usize)>, F),
+    sizes: &[usize],
+    change: fn(&StepChange) -> bool,
+) where
+    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + 'static,
+{
+    let plain = run(&make, sizes, false);
+    let traced = run(&make, sizes, true);
+    assert_eq!(traced.losses, plain.losses, "losses: {:?}", traced.modes);
+    assert_eq!(traced.params, plain.params, "parameters");
+    assert!(
+        traced.replayed >= 10,
+        "{} replays: {:?}",
+        traced.replayed,
+        traced.modes
+    );
+    assert_eq!(traced.traced, traced.replayed, "every replay was traced");
+    assert!(
+        traced.modes.iter().any(|mode| matches!(
+            mode,
+            StepMode::Eager(FallbackReason::GraphStale { change: c }) if change(c)
+        )),
+        "{:?}",
+        traced.modes
+    );
+    let _untraced = Untraced::on();
+    let untraced = run(&make, sizes, true);
+    assert_ne!(
+        (untraced.losses, untraced.params),
+        (plain.losses, plain.params),
+        "untraced replays train as plain code: the case shows nothing"
+    );
+}
+
+fn host_values(change: &StepChange) -> bool {
+    matches!(change, StepChange::HostValues { .. })
+}
+
+fn other_input(change: &StepChange) -> bool {
+    matches!(change, StepChange::OtherInput { .. })
+}
+
+#[test]
+fn a_host_value_changed_after_the_capture_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let weight = Rc::new(Cell::new(1.0f32));
+            let set = Rc::clone(&weight);
+            let before: Box<dyn Fn(usize)> = Box::new(move |step| {
+                if step == 15 {
+                    set.set(3.0);
+                }
+            });
+            (before, move |m: &Model, b: &Regression<B>| {
+                m.loss(b, false) * weight.get()
+            })
+        },
+        &[4],
+        host_values,
+    );
+}
+
+#[test]
+fn a_branch_among_heads_of_one_shape_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let second = Rc::new(Cell::new(false));
+            let set = Rc::clone(&second);
+            let before: Box<dyn Fn(usize)> = Box::new(move |step| set.set(step >= 15));
+            (before, move |m: &Model, b: &Regression<B>| {
+                m.loss(b, second.get())
+            })
+        },
+        &[4],
+        other_input,
+    );
+}
+
+#[test]
+fn a_host_coin_picking_a_branch_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let coin = RefCell::new(StdRng::seed_from_u64(7));
+            let before: Box<dyn Fn(usize)> = Box::new(|_| {});
+            (before, move |m: &Model, b: &Regression<B>| {
+                let forced = coin.borrow_mut().random_range(0.0..1.0f32) < 0.9;
+                m.loss(b, !forced)
+            })
+        },
+        &[4],
+        other_input,
+    );
+}
+
+#[test]
+fn state_inside_an_fnmut_closure_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let before: Box<dyn Fn(usize)> = Box::new(|_| {});
+            let mut calls = 0;
+            (before, move |m: &Model, b: &Regression<B>| {
+                calls += 1;
+                let weight = if calls > 15 { 2.0 } else { 1.0 };
+                m.loss(b, false) * weight
+            })
+        },
+        &[4],
+        host_values,
+    );
+}
+
+#[test]
+fn a_constant_replaced_while_two_graphs_read_it_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let device = Default::default();
+            let constant = Rc::new(RefCell::new(Tensor::<B, 1>::from_floats([0.5], &device)));
+            let set = Rc::clone(&constant);
+            let before: Box<dyn Fn(usize)> = Box::new(move |step| {
+                if step == 21 {
+                    *set.borrow_mut() = Tensor::from_floats([2.5], &Default::default());
+                }
+            });
+            (before, move |m: &Model, b: &Regression<B>| {
+                m.loss(b, false) * constant.borrow().clone()
+            })
+        },
+        &[4, 5],
+        other_input,
+    );
+}
