@@ -62,6 +62,11 @@ pub struct Untraced {
 }
 
 impl Untraced {
+    /// Whether replays are untraced on this thread.
+    pub fn active() -> bool {
+        UNTRACED.with(std::cell::Cell::get) != 0
+    }
+
     /// Replays untraced on this thread until the guard is dropped.
     pub fn on() -> Self {
         UNTRACED.with(|untraced| untraced.set(untraced.get() + 1));
@@ -122,7 +127,7 @@ pub(crate) struct Trace {
 impl Trace {
     /// Starts tracing against `recording`; `None` if a trace is already running here.
     pub(crate) fn begin(recording: &TraceRecording) -> Option<Self> {
-        if UNTRACED.with(std::cell::Cell::get) != 0 {
+        if Untraced::active() {
             return None;
         }
         let recording = Arc::clone(&recording.0);

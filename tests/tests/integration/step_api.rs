@@ -7,8 +7,8 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_graph_capture::optim::{CapturableAdam, CapturableOptimizer, StateSlot};
 use burn_graph_capture::{
-    FallbackReason, GraphCapture, GraphTrainer, GraphTrainerConfig, StepError, StepMode,
-    TrainerReport,
+    EmulatedGraphs, FallbackReason, GraphCapture, GraphTrainer, GraphTrainerConfig, StepError,
+    StepMode, TrainerReport,
 };
 use lstm_example::train::parameter_bits;
 use lstm_example::{Batch, SineTask};
@@ -151,25 +151,26 @@ fn state_bits(optimizer: &mut impl CapturableOptimizer<Model, B>) -> Vec<Vec<u32
     bits
 }
 
-#[test]
-fn a_panicking_optimizer_keeps_the_model_and_its_state() {
-    let _rng = crate::common::rng::shared();
+/// An optimizer that panics in step `fail_at` leaves the model and its state as they
+/// were, and training goes on as plain code that never ran that step.
+fn a_panicking_optimizer_keeps_the_model_and_its_state_at(fail_at: usize) {
     let bytes = model_bytes();
     let failing = FailingAdam {
         inner: adam(),
         steps: 0,
-        fail_at: 3,
+        fail_at,
     };
     let mut trainer = GraphTrainer::new(model(&bytes), failing, loss, GraphTrainerConfig::new());
     let mut task = SineTask::new(5, 32);
-    let batches: Vec<_> = (0..5).map(|_| batch(&mut task)).collect();
-    for batch in &batches[..2] {
+    let batches: Vec<_> = (0..fail_at + 2).map(|_| batch(&mut task)).collect();
+    let failed = fail_at - 1;
+    for batch in &batches[..failed] {
         trainer.step(batch.clone()).unwrap();
     }
     let model_before = parameter_bits(trainer.model().unwrap());
     let state_before = state_bits(&mut trainer.optimizer().clone());
 
-    let result = catch_unwind(AssertUnwindSafe(|| trainer.step(batches[2].clone())));
+    let result = catch_unwind(AssertUnwindSafe(|| trainer.step(batches[failed].clone())));
     assert!(result.is_err(), "the optimizer's panic reaches the caller");
     assert!(
         parameter_bits(trainer.model().unwrap()) == model_before,
@@ -180,21 +181,45 @@ fn a_panicking_optimizer_keeps_the_model_and_its_state() {
         state_before,
         "optimizer state as before"
     );
-    assert_eq!(trainer.report().steps, 2, "the failed step is not counted");
+    assert_eq!(
+        trainer.report().steps,
+        failed as u64,
+        "the failed step is not counted"
+    );
 
     // Training goes on as plain code that never ran the failed step.
-    for batch in &batches[3..] {
+    for batch in &batches[fail_at..] {
         trainer.step(batch.clone()).unwrap();
     }
     let mut plain_model = model(&bytes);
     let mut plain = adam();
     plain.init_state(&plain_model);
-    for batch in batches[..2].iter().chain(&batches[3..]) {
+    for batch in batches[..failed].iter().chain(&batches[fail_at..]) {
         let grads = GradientsParams::from_grads(loss(&plain_model, batch).backward(), &plain_model);
         plain_model = plain.step(plain_model, grads);
     }
+    let report = trainer.report();
     let (model, _) = trainer.into_parts();
     assert!(parameter_bits(&model) == parameter_bits(&plain_model));
+    if EmulatedGraphs::active() {
+        assert!(report.modes.replayed >= 2, "{report:?}");
+        assert_eq!(report.traces_matched, report.modes.replayed);
+    }
+}
+
+#[test]
+fn a_panicking_optimizer_keeps_the_model_and_its_state() {
+    let _rng = crate::common::rng::shared();
+    a_panicking_optimizer_keeps_the_model_and_its_state_at(3);
+}
+
+/// The same in a replay's trace, on emulated graphs: the optimizer's ops were matched
+/// (stand-ins), and the step's panic leaves the pins and the learner as they were.
+#[test]
+fn an_optimizer_panicking_in_a_traced_replay_keeps_the_model_and_its_state() {
+    let _rng = crate::common::rng::shared();
+    let _graphs = EmulatedGraphs::on();
+    a_panicking_optimizer_keeps_the_model_and_its_state_at(6);
 }
 
 #[test]

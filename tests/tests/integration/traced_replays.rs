@@ -234,6 +234,33 @@ fn state_inside_an_fnmut_closure_is_traced() {
 }
 
 #[test]
+fn a_transient_schedule_is_traced_and_graphs_once_it_settles() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let weight = Rc::new(Cell::new(2.0f32));
+            let set = Rc::clone(&weight);
+            // Annealed from 2 to 1 in steps of a quarter from step 8 on, then constant.
+            let before: Box<dyn Fn(usize)> = Box::new(move |step| {
+                if (8..=14).contains(&step) && step % 2 == 0 {
+                    set.set(2.0 - 0.25 * (step - 6) as f32 / 2.0);
+                }
+            });
+            (before, move |m: &Model, b: &Regression<B>| {
+                m.loss(b, false) * weight.get()
+            })
+        },
+        &[4],
+        |change| {
+            matches!(
+                change,
+                StepChange::HostValues { .. } | StepChange::OtherOp { .. }
+            )
+        },
+    );
+}
+
+#[test]
 fn a_constant_replaced_while_two_graphs_read_it_is_traced() {
     let _rng = crate::common::rng::exclusive();
     check(
