@@ -109,10 +109,21 @@ fn trains_as_plain_code<M>(model: M, loss: fn(&M, &Regression<B>) -> Tensor<B, 1
 where
     M: AutodiffModule<B> + Clone,
 {
-    let device = Default::default();
-    let batch = |step: usize| {
-        Regression::<B>::new(step, if step.is_multiple_of(3) { 5 } else { 4 }, &device)
-    };
+    trains_on_batches_as_plain_code(model, loss, |step| {
+        let size = if step.is_multiple_of(3) { 5 } else { 4 };
+        Regression::<B>::new(step, size, &Default::default())
+    })
+}
+
+/// [`trains_as_plain_code`] on the batches `batch` makes. Every replay is traced.
+fn trains_on_batches_as_plain_code<M>(
+    model: M,
+    loss: fn(&M, &Regression<B>) -> Tensor<B, 1>,
+    batch: impl Fn(usize) -> Regression<B>,
+) -> Vec<StepMode>
+where
+    M: AutodiffModule<B> + Clone,
+{
     let steps = 40;
 
     let mut eager_losses = Vec::new();
@@ -157,6 +168,26 @@ fn trainers_on_emulated_graphs_replay_and_train_as_plain_code() {
         assert!(replays >= 25, "{replays} of 40 steps replayed: {modes:?}");
         assert!(modes.contains(&StepMode::Captured));
     }
+}
+
+/// A batch whose inputs and targets are views of one upload (`[B, D_IN + 1]`, narrowed):
+/// its pins keep the views' strides, each batch is copied into them, and it graphs.
+#[test]
+fn a_batch_of_views_of_one_upload_graphs_and_trains_as_plain_code() {
+    let _rng = crate::common::rng::exclusive();
+    let device = Default::default();
+    let viewed = |step: usize| {
+        let plain = Regression::<B>::new(step, 4, &Default::default());
+        let upload = Tensor::cat(vec![plain.x, plain.y], 1).into_data();
+        let upload = Tensor::<B, 2>::from_data(upload, &Default::default());
+        Regression {
+            x: upload.clone().narrow(1, 0, D_IN),
+            y: upload.narrow(1, D_IN, 1),
+        }
+    };
+    let modes = trains_on_batches_as_plain_code(Mlp::<B>::new(&device), Mlp::loss, viewed);
+    let replays = modes.iter().filter(|m| **m == StepMode::Replayed).count();
+    assert!(replays >= 30, "{replays} of 40 steps replayed: {modes:?}");
 }
 
 /// A convolution with max pooling: autodiff's pooling keeps its indices in a Burn struct
