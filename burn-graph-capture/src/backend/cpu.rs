@@ -67,6 +67,15 @@ mod flex {
         t
     }
 
+    /// `tensor` as a primitive of `like`'s kind.
+    fn of_kind(like: &AnyTensor<Flex>, tensor: FlexTensor) -> AnyTensor<Flex> {
+        match like {
+            AnyTensor::Float(_) => AnyTensor::Float(tensor),
+            AnyTensor::Int(_) => AnyTensor::Int(tensor),
+            AnyTensor::Bool(_) => AnyTensor::Bool(tensor),
+        }
+    }
+
     /// A step of the program recording now: `src`'s value, written into the pin `dst`
     /// when the program replays (nothing recorded runs before its launch).
     fn write_at_replay(op: &'static str, dst: FlexTensor, src: &FlexTensor) {
@@ -155,23 +164,14 @@ mod flex {
             }
             let pinned = memory::pin(flex(&tensor));
             write_at_replay("output", pinned.clone(), flex(&tensor));
-            match tensor {
-                AnyTensor::Float(_) => AnyTensor::Float(pinned),
-                AnyTensor::Int(_) => AnyTensor::Int(pinned),
-                AnyTensor::Bool(_) => AnyTensor::Bool(pinned),
-            }
+            of_kind(&tensor, pinned)
         }
 
         fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
             if !EmulatedGraphs::active() {
                 return Err(GraphError::NoArena);
             }
-            let pinned = memory::pin(flex(&tensor));
-            Ok(match tensor {
-                AnyTensor::Float(_) => AnyTensor::Float(pinned),
-                AnyTensor::Int(_) => AnyTensor::Int(pinned),
-                AnyTensor::Bool(_) => AnyTensor::Bool(pinned),
-            })
+            Ok(of_kind(&tensor, memory::pin(flex(&tensor))))
         }
 
         /// Inside a capture the copy is a step of the program (checked now, written at

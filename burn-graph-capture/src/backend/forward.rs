@@ -4,8 +4,11 @@
 //! trait definitions) lists every method with the kind of each argument and of its
 //! result. This macro turns each line into a method that calls the same method of `B`
 //! and, while a session is open, records the op: its signature, whether it breaks a
-//! capture, which allocations it read and which it produced. Outside a session the
-//! only cost is one thread-local load.
+//! capture, which allocations it read and which it produced. While an emulated capture
+//! records a program (`backend::emulated`), the op also adds its step to it; while a
+//! trace matches a replayed step (`backend::trace`), the op is matched against the
+//! graph's and hands back stand-ins instead of calling `B`. Outside a session the only
+//! cost is one thread-local load.
 
 /// Implements one op trait for `GraphCapture<B>` by forwarding to `B`.
 macro_rules! forward_ops {

@@ -53,9 +53,9 @@ thread_local! {
     static UNTRACED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Replays without traces on this thread while the guard lives, as graphs replayed
-/// before traces existed: what the step closure reads from the host replays as it was
-/// at capture. For tests that show what a trace catches.
+/// Replays without traces on this thread while the guard lives, as graphs without
+/// stand-ins replay: what the step closure reads from the host replays as it was at
+/// capture. For tests that show what a trace catches.
 #[must_use = "replays are untraced only while the guard lives"]
 pub struct Untraced {
     _thread_bound: std::marker::PhantomData<*const ()>,
