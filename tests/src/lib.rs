@@ -36,3 +36,6 @@ pub mod sharing {}
 
 #[doc = include_str!("../../book/src/decorator.md")]
 pub mod decorator {}
+
+#[doc = include_str!("../../book/src/testing.md")]
+pub mod testing {}
