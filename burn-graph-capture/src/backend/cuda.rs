@@ -16,9 +16,11 @@ use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl_common::stream_id::StreamId;
 use cubecl_core::server::Handle;
 
+use crate::backend::emulated::program::{Program, Recording};
+use crate::backend::trace::{TraceRecording, Untraced};
 use crate::backend::{
     AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul, RuntimeFailure,
-    layout,
+    StandIn, layout,
 };
 use crate::cause::Cause;
 use crate::parallel::{Collectives, DistError, RankLink};
@@ -126,8 +128,26 @@ fn begin_when_free(device: &CudaGraphDevice, stream: StreamId) -> Result<(), Cap
     }
 }
 
+/// A captured step on the plain stack: the device graph, and the recording its replays'
+/// traces match (`None` where a trace could not follow the step: an op without
+/// stand-ins, or traces off on the capturing thread).
+#[derive(Debug)]
+pub struct CubeGraph {
+    graph: CudaGraphHandle,
+    recording: Option<Program>,
+}
+
+/// The device graph's own API (launches, what it retains).
+impl std::ops::Deref for CubeGraph {
+    type Target = CudaGraphHandle;
+
+    fn deref(&self) -> &CudaGraphHandle {
+        &self.graph
+    }
+}
+
 impl GraphBackend for CudaCube {
-    type Graph = CudaGraphHandle;
+    type Graph = CubeGraph;
 
     fn supports_hardware_graphs(_device: &CudaGraphDevice) -> bool {
         true
@@ -135,16 +155,31 @@ impl GraphBackend for CudaCube {
 
     /// The step runs under a fresh capture stream whose handles a private pool of the
     /// window serves, so the step reuses its own freed memory within the capture and the
-    /// graph owns that pool whole (see `runtime::graph_pool`).
+    /// graph owns that pool whole (see `runtime::graph_pool`). Its ops are recorded for
+    /// traces as they are captured; the recording names what the step reads from outside
+    /// and holds none of it, so the captured ops decide in place as eager ops do.
     fn capture<R>(device: &CudaGraphDevice, step: impl FnOnce() -> R) -> Captured<R, Self::Graph> {
         let stream = capture_stream();
         if let Err(error) = begin_when_free(device, stream) {
             return Captured::Refused(runtime_err(error));
         }
         let window = OpenWindow { device, open: true };
+        let traced = (!Untraced::active())
+            .then(Recording::begin_unheld)
+            .flatten();
         let output = stream.executes(step);
+        let recording = traced.and_then(|traced| match traced.finish() {
+            Ok(program) => Some(program),
+            Err(refused) => {
+                tracing::warn!(op = refused.op, "a step's graph has no trace: its replays are checked only every verify_every steps");
+                None
+            }
+        });
         match window.close() {
-            Ok(graph) => Captured::Recorded { output, graph },
+            Ok(graph) => Captured::Recorded {
+                output,
+                graph: CubeGraph { graph, recording },
+            },
             Err(error) => Captured::Broken { output, error },
         }
     }
@@ -157,7 +192,11 @@ impl GraphBackend for CudaCube {
     }
 
     fn replay(graph: &Self::Graph) -> Result<(), GraphError> {
-        graph.replay().map_err(runtime_err)
+        graph.graph.replay().map_err(runtime_err)
+    }
+
+    fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {
+        graph.recording.as_ref()?.traceable().map(TraceRecording)
     }
 
     fn pin(tensor: AnyTensor<Self>) -> Result<AnyTensor<Self>, GraphError> {
@@ -178,31 +217,7 @@ impl GraphBackend for CudaCube {
 
     fn copy_into(dst: &AnyTensor<Self>, src: &AnyTensor<Self>) -> Result<(), GraphError> {
         dst.check_copy_from(src)?;
-        let (dst, src) = (cube(dst), cube(src));
-        let shape: &[usize] = dst.meta.shape();
-        let packed;
-        let src = if layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
-            src
-        } else if layout::is_packed(shape, dst.meta.strides()) && !input_kept(src) {
-            // A batch tensor too wide to pin as it lies (`pin_input`) was pinned packed:
-            // it is packed again for each copy.
-            packed = into_contiguous(src.clone());
-            &packed
-        } else {
-            return Err(GraphError::LayoutDiffers {
-                shape: shape.to_vec(),
-                pinned: dst.meta.strides().to_vec(),
-                given: src.meta.strides().to_vec(),
-            });
-        };
-        // Every value lies where the pin keeps it: one copy of what the view reaches
-        // (which depends only on the strides `same_placement` compared).
-        let bytes = reach_bytes(dst);
-        let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
-        try_with_server(&dst.device, move |server| {
-            server.copy_device(from, to, bytes)
-        })
-        .map_err(runtime_err)
+        copy_placed(cube(dst), cube(src))
     }
 
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId> {
@@ -319,6 +334,74 @@ fn copy_as_it_lies(
         dtype: tensor.dtype,
         qparams: None,
     })
+}
+
+/// Copies `src` into `dst` of the same shape and dtype, on the stream: one copy of what
+/// the view reaches where both lie alike, else `src` packed into a packed `dst`.
+fn copy_placed(
+    dst: &CubeTensor<CudaGraphRuntime>,
+    src: &CubeTensor<CudaGraphRuntime>,
+) -> Result<(), GraphError> {
+    let shape: &[usize] = dst.meta.shape();
+    let packed;
+    let src = if layout::same_placement(shape, src.meta.strides(), dst.meta.strides()) {
+        src
+    } else if layout::is_packed(shape, dst.meta.strides()) && !input_kept(src) {
+        // A batch tensor too wide to pin as it lies (`pin_input`) was pinned packed:
+        // it is packed again for each copy.
+        packed = into_contiguous(src.clone());
+        &packed
+    } else {
+        return Err(GraphError::LayoutDiffers {
+            shape: shape.to_vec(),
+            pinned: dst.meta.strides().to_vec(),
+            given: src.meta.strides().to_vec(),
+        });
+    };
+    // Every value lies where the pin keeps it: one copy of what the view reaches
+    // (which depends only on the strides `same_placement` compared).
+    let bytes = reach_bytes(dst);
+    let (from, to) = (src.handle.clone().binding(), dst.handle.clone().binding());
+    try_with_server(&dst.device, move |server| {
+        server.copy_device(from, to, bytes)
+    })
+    .map_err(runtime_err)
+}
+
+/// A stand-in is a buffer of the output's reach, laid out as it lies, allocated where
+/// the step allocates (inside a capture: the graph's own pool, which keeps it as long
+/// as the recording does). A trace hands it out in place of the output; only a trace
+/// that stops matching writes it, with the value the op computes then.
+impl StandIn for CubeTensor<CudaGraphRuntime> {
+    fn stand_in(&self) -> Option<Self> {
+        if self.qparams.is_some() {
+            return None;
+        }
+        let bytes = reach_bytes(self).max(1) as usize;
+        Some(CubeTensor {
+            client: self.client.clone(),
+            handle: self.client.empty(bytes),
+            meta: self.meta.clone(),
+            device: self.device,
+            dtype: self.dtype,
+            qparams: None,
+        })
+    }
+
+    fn fill(&self, value: &Self) -> bool {
+        if self.dtype != value.dtype || self.meta.shape() != value.meta.shape() {
+            return false;
+        }
+        let shape: &[usize] = self.meta.shape();
+        if layout::same_placement(shape, value.meta.strides(), self.meta.strides()) {
+            copy_placed(self, value).is_ok()
+        } else if layout::is_packed(shape, self.meta.strides()) {
+            // Computed out of place where the capture worked in place (or the reverse).
+            copy_placed(self, &into_contiguous(value.clone())).is_ok()
+        } else {
+            false
+        }
+    }
 }
 
 /// The CubeCL tensor behind any kind: all three are `CubeTensor`s.

@@ -188,14 +188,14 @@ macro_rules! forward_ops {
     // Traces (`backend::trace`): the keys of the tensors an op reads, in the order the
     // recording took their slots ...
     (@trace_keys tensor, $keys:ident, $arg:ident) => {
-        $keys.push($crate::backend::emulated::program::key_of(&$arg))
+        $keys.push($crate::backend::trace::input(&$arg))
     };
     (@trace_keys tensors, $keys:ident, $arg:ident) => {
-        $keys.extend($arg.iter().map($crate::backend::emulated::program::key_of))
+        $keys.extend($arg.iter().map(|tensor| $crate::backend::trace::input(tensor)))
     };
     (@trace_keys opt_tensor, $keys:ident, $arg:ident) => {
         if let Some(tensor) = &$arg {
-            $keys.push($crate::backend::emulated::program::key_of(tensor))
+            $keys.push($crate::backend::trace::input(tensor))
         }
     };
     (@trace_keys $kind:ident, $keys:ident, $arg:ident) => {};

@@ -145,9 +145,8 @@ mod cuda {
         }
     }
 
-    /// No stand-ins yet: replays on the CUDA stacks run untraced.
-    impl crate::backend::StandIn for CubeTensor<CudaGraphRuntime> {}
-
+    /// No stand-ins yet: replays on the fusion stack run untraced (a fused tensor's
+    /// buffer is the fusion server's, and a kept handle would change what it fuses).
     impl<R: FusionRuntime> crate::backend::StandIn for FusionTensor<R> {}
 
     /// Fusion numbers every tensor it creates from a process-wide counter; a fused op's

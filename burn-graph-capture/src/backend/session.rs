@@ -288,7 +288,13 @@ impl OpRecorder {
             shape: tensor.shape(),
             dtype: tensor.dtype(),
         };
-        let allocation = tensor.allocation_id();
+        // A trace names the op's inputs itself (`trace::input`); a matched op is never
+        // committed, and the id costs a round trip to the server on the CUDA stacks.
+        let allocation = if super::trace::active() {
+            None
+        } else {
+            tensor.allocation_id()
+        };
         // A handle more on a tensor can change the op's in-place decisions (CubeCL and
         // fusion write in place into tensors no one else holds): only the constants a
         // keeping session wants are cloned, which their owners hold anyway.

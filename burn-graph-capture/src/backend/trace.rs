@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::emulated::program::{Inner, Key, Slot};
+use super::emulated::program::{AsValue, Inner, Key, Slot, Value};
 use super::session::{BreakerKind, CaptureBreaker, OpRecord};
 
 /// Where a trace stopped matching its graph; `index` counts the ops matched before.
@@ -94,6 +94,10 @@ struct Tracer {
     /// The generation each recorded key is at after the ops matched so far: a read of a
     /// key is a read of its latest value, as the recording took it.
     latest: HashMap<Key, u32>,
+    /// The tensors from outside the step that matched ops read, by slot: what the
+    /// recorded ops compute from when the trace stops matching (a device graph's
+    /// recording names them without holding them).
+    supplied: HashMap<Slot, Value>,
     /// Where the trace stopped matching, once it did.
     diverged: Option<Difference>,
 }
@@ -142,6 +146,7 @@ impl Trace {
                 matched: 0,
                 stand_ins: HashMap::new(),
                 latest: HashMap::new(),
+                supplied: HashMap::new(),
                 diverged: None,
             });
             Some(Self {
@@ -195,14 +200,36 @@ pub(crate) fn active() -> bool {
     })
 }
 
+/// A trace that stopped matching could not compute the values its stand-ins stand for
+/// (a recorded output it cannot fill): the step unwinds out of the closure with this
+/// payload, nothing it traced is kept, and it runs again eagerly.
+#[derive(Debug)]
+pub(crate) struct Unfilled(pub(crate) String);
+
+fn unwind_unfilled(why: String) -> ! {
+    // `resume_unwind`: no panic hook, no message; the trainer catches it at once.
+    std::panic::resume_unwind(Box::new(Unfilled(why)))
+}
+
+/// One tensor an op reads: its key, and the tensor (kept if it is from outside).
+pub(crate) type Input<'a> = (Option<Key>, &'a dyn AsValue);
+
+/// `tensor` as an op's input in a trace.
+pub(crate) fn input<T>(tensor: &T) -> Input<'_>
+where
+    T: burn_backend::TensorMetadata + super::identity::Allocated + Clone + Send + Sync + 'static,
+{
+    (super::emulated::program::key_of(tensor), tensor)
+}
+
 /// Matches one op that makes tensors: its stand-ins if it is the recorded op at its
 /// place with the same inputs, else `None` (the trace then stopped matching, the
 /// recorded ops before it computed, and the op runs).
 pub(crate) fn matched(
     record: &OpRecord,
     breaker: Option<BreakerKind>,
-    inputs: &[Option<Key>],
-) -> Option<Vec<Arc<dyn std::any::Any + Send + Sync>>> {
+    inputs: &[Input<'_>],
+) -> Option<Vec<Value>> {
     TRACER.with(|tracer| {
         let mut tracer = tracer.borrow_mut();
         let tracer = tracer.as_mut()?;
@@ -213,7 +240,7 @@ pub(crate) fn matched(
             Ok(outputs) => Some(outputs),
             Err(change) => {
                 if let Err(failed) = tracer.diverge(change) {
-                    panic!("a trace could not hand the step real values: {failed}");
+                    unwind_unfilled(failed);
                 }
                 None
             }
@@ -222,10 +249,7 @@ pub(crate) fn matched(
 }
 
 /// Output `index` of a matched op's stand-ins, as the op's output type.
-pub(crate) fn hand_out<T: Clone + 'static>(
-    outputs: &[Arc<dyn std::any::Any + Send + Sync>],
-    index: usize,
-) -> T {
+pub(crate) fn hand_out<T: Clone + 'static>(outputs: &[Value], index: usize) -> T {
     outputs[index]
         .downcast_ref::<T>()
         .cloned()
@@ -252,7 +276,7 @@ pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
             },
         };
         if let Err(failed) = tracer.diverge(change) {
-            panic!("a trace could not hand the step real values: {failed}");
+            unwind_unfilled(failed);
         }
     });
 }
@@ -263,8 +287,8 @@ impl Tracer {
         &mut self,
         record: &OpRecord,
         breaker: Option<BreakerKind>,
-        inputs: &[Option<Key>],
-    ) -> Result<Vec<Arc<dyn std::any::Any + Send + Sync>>, Difference> {
+        inputs: &[Input<'_>],
+    ) -> Result<Vec<Value>, Difference> {
         let index = self.matched;
         if let Some(kind) = breaker {
             return Err(Difference::Breaker(CaptureBreaker::new(kind, record.op)));
@@ -302,7 +326,7 @@ impl Tracer {
                 op: record.op,
             });
         }
-        let read = |key: &Option<Key>| -> Option<Slot> {
+        let read = |(key, _): &Input<'_>| -> Option<Slot> {
             let key = key.as_ref()?;
             let key = self.stand_ins.get(key).unwrap_or(key);
             let generation = self.latest.get(key).copied().unwrap_or(0);
@@ -318,6 +342,13 @@ impl Tracer {
                 op: record.op,
                 argument,
             });
+        }
+        for (slot, (_, tensor)) in reads.iter().zip(inputs) {
+            if let Some(slot) = slot.as_ref().filter(|slot| slot.generation() == 0) {
+                self.supplied
+                    .entry(slot.clone())
+                    .or_insert_with(|| tensor.as_value());
+            }
         }
         let outputs: Vec<_> = traced
             .stand_ins
@@ -345,8 +376,9 @@ impl Tracer {
     fn diverge(&mut self, change: Difference) -> Result<(), String> {
         tracing::debug!(?change, "a trace stopped matching its graph");
         self.diverged = Some(change);
+        let supplied = std::mem::take(&mut self.supplied);
         self.recording
-            .fill_until(self.next)
+            .fill_until(self.next, supplied)
             .map_err(|missing| missing.to_string())
     }
 }

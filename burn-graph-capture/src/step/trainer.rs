@@ -1,6 +1,7 @@
 //! `GraphTrainer`: the user-facing training step.
 
 use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -24,7 +25,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{Trace, Traced};
+use crate::backend::trace::{Trace, Traced, Unfilled};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -563,20 +564,34 @@ where
         let static_batch = on_inputs(batch, &static_inputs);
         let session = CaptureSession::begin();
         let (_, mut cx) = self.parts();
-        let item = cx.train(&static_batch);
+        let item = catch_unwind(AssertUnwindSafe(|| cx.train(&static_batch)));
         drop(session);
-        let traced = trace.end();
+        let (item, traced) = match item {
+            Ok(item) => (Some(item), trace.end()),
+            // The trace could not compute what it had handed out: the closure unwound,
+            // and nothing it ran is kept.
+            Err(payload) => match payload.downcast::<Unfilled>() {
+                Ok(unfilled) => {
+                    drop(trace);
+                    (None, Traced::Failed(unfilled.0))
+                }
+                Err(payload) => resume_unwind(payload),
+            },
+        };
         self.report.trace_ms += started.elapsed().as_secs_f64() * 1e3;
         let (graphs, cx) = self.parts();
         match traced {
             Traced::Matched => {
                 graphs.reseat(cx.learner);
-                item.map_err(Fallback::Refused)?;
+                item.expect("a matched trace ran the closure to its end")
+                    .map_err(Fallback::Refused)?;
                 self.report.traces_matched += 1;
                 Ok(None)
             }
             Traced::Diverged(difference) => {
-                let item = item.map_err(Fallback::Refused)?;
+                let item = item
+                    .expect("a trace that went on eagerly ran the closure to its end")
+                    .map_err(Fallback::Refused)?;
                 cx.random.advance_eager();
                 graphs.write_back_eager(cx.learner);
                 graphs.stale(key);

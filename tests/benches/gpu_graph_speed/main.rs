@@ -14,6 +14,9 @@
 //! - `fused-gru`: `CudaFused` with a `FusedGru` of the row's sizes and a head (fresh
 //!   weights), graphed and eager; `fused-gru-stepwise` and `fused-gru-persistent` with
 //!   either recurrence forced (issue 28; none in the default list);
+//! - `trace`: what tracing every replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`
+//!   and a two-layer Transformer encoder of width `h`), traced against untraced side by
+//!   side (not in the default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -127,6 +130,9 @@ type Batched<G> = FusedLstmRegressor<burn_graph_capture::TrainBackend<G>>;
 
 /// A `FusedGru` of the row's hidden size and a head (fresh weights).
 type Gru<G> = GruRegressor<burn_graph_capture::TrainBackend<G>>;
+
+/// A small Transformer encoder of width `h`.
+type Encoder<G> = setup::TransformerRegressor<burn_graph_capture::TrainBackend<G>>;
 
 /// Two `FusedLstm` layers with dropout between them.
 type Dropped<G> = DropoutLstmRegressor<burn_graph_capture::TrainBackend<G>>;
@@ -269,6 +275,49 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 overhead * 100.0,
                 cost.checks
             );
+        }
+        // What tracing every replay costs (`TrainerReport::trace_ms`), on the plain
+        // stack, whose graphs have trace recordings: `nn::Lstm`, `FusedLstm` and a small
+        // Transformer encoder (`h` wide), traced and untraced side by side.
+        if wants("trace") {
+            let costs = [
+                (
+                    "cube-nn-lstm",
+                    ours::trace_cost::<CudaCube, Nn<CudaCube>>(&work, &device),
+                ),
+                (
+                    "cube-fused-lstm",
+                    ours::trace_cost::<CudaCube, Batched<CudaCube>>(&work, &device),
+                ),
+                (
+                    "cube-transformer",
+                    ours::trace_cost::<CudaCube, Encoder<CudaCube>>(&work, &device),
+                ),
+            ];
+            for (model, cost) in costs {
+                let overhead = cost.traced_ms / cost.untraced_ms - 1.0;
+                println!(
+                    "{}",
+                    json!({
+                        "bench": "graph_speed", "size": size.to_string(), "stack": model,
+                        "mode": "trace-cost", "steps_per_round": cost.steps_per_round,
+                        "rounds": cost.rounds, "traced_ms": cost.traced_ms,
+                        "untraced_ms": cost.untraced_ms, "overhead": overhead,
+                        "trace_ms_per_step": cost.trace_ms_per_step,
+                        "traces_matched": cost.traces_matched,
+                        "not_replayed": cost.not_replayed,
+                    })
+                );
+                println!(
+                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; {} traces matched, {} steps not replayed |",
+                    cost.traced_ms,
+                    cost.untraced_ms,
+                    overhead * 100.0,
+                    cost.trace_ms_per_step,
+                    cost.traces_matched,
+                    cost.not_replayed
+                );
+            }
         }
         if wants("cube") {
             let run = ours::graphed::<CudaCube, Nn<CudaCube>>(&work, &device);

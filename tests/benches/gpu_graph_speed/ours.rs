@@ -339,3 +339,67 @@ pub fn profile_eager<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphD
     read::<G>(loss.expect("loss"));
     wall
 }
+
+/// What tracing every replay costs: mean ms per step of two trainers of one model, one
+/// captured with traces and one without (`Untraced` at its capture: its graph has no
+/// trace recording), in alternating rounds of pipelined replays, and the traced
+/// trainer's host time in traces per step (`TrainerReport::trace_ms`).
+pub struct TraceCost {
+    pub steps_per_round: usize,
+    pub rounds: usize,
+    pub traced_ms: f64,
+    pub untraced_ms: f64,
+    /// Host ms per step spent tracing (the traced trainer's timed rounds).
+    pub trace_ms_per_step: f64,
+    /// Timed steps of the traced trainer that replayed after a matched trace.
+    pub traces_matched: u64,
+    /// Timed steps of either trainer that did not replay (should be 0).
+    pub not_replayed: usize,
+}
+
+pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> TraceCost {
+    let batches = work.batches::<TrainBackend<G>>(device);
+    let config = GraphTrainerConfig::new()
+        .with_warmup_steps(WARMUP)
+        .with_verify_every(0);
+    let mut traced = captured_with::<G, M>(work, &batches, device, None, config.clone());
+    let mut untraced = {
+        let _untraced = burn_graph_capture::Untraced::on();
+        captured_with::<G, M>(work, &batches, device, None, config)
+    };
+    let (rounds, steps_per_round) = (7, 50);
+    let mut next = batches.iter().cycle();
+    let mut not_replayed = 0;
+    let mut round = |trainer: &mut Trainer<G, M>| {
+        let start = std::time::Instant::now();
+        let mut last = None;
+        for _ in 0..steps_per_round {
+            let outcome = trainer.step(next.next().unwrap().clone()).expect("step");
+            not_replayed += usize::from(outcome.mode != StepMode::Replayed);
+            last = Some(outcome.output);
+        }
+        read::<G>(last.expect("a step"));
+        start.elapsed().as_secs_f64() * 1e3 / steps_per_round as f64
+    };
+    let before = traced.report();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        without.push(round(&mut untraced));
+        with.push(round(&mut traced));
+    }
+    let after = traced.report();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let timed = (rounds * steps_per_round) as f64;
+    TraceCost {
+        steps_per_round,
+        rounds,
+        traced_ms: median(with),
+        untraced_ms: median(without),
+        trace_ms_per_step: (after.trace_ms - before.trace_ms) / timed,
+        traces_matched: after.traces_matched - before.traces_matched,
+        not_replayed,
+    }
+}

@@ -29,6 +29,9 @@
 //! - `stale`: issue 27: a target network, a constant and a host weight that change
 //!   after the capture, and structure changes through `put_model` (unfreezing, a head
 //!   re-initialised, an embedding grown);
+//! - `traced`: every replay on `CudaCube` traced: a host weight, a host coin and a
+//!   branch between constants of one shape, each equal to plain code bit for bit, and
+//!   diverging untraced;
 //! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
 //!   dropout graphed (fresh masks every replay, equal to eager training).
 //!
@@ -85,4 +88,5 @@ mod soak;
 mod stale;
 #[path = "../common/tolerance.rs"]
 mod tolerance;
+mod traced;
 mod two_gpus;

@@ -57,7 +57,7 @@ fn with_target<G: Stack>(
 /// `steps` steps through a trainer and the same by hand; before step `s`, `change(s)`
 /// says whether the loop replaces what the closure reads, which `world(s, model)`
 /// builds from the model of that moment, on either side.
-fn run_both<G, W>(
+pub(crate) fn run_both<G, W>(
     steps: usize,
     config: GraphTrainerConfig,
     world: impl Fn(usize, &Model<G>) -> W,
@@ -111,7 +111,7 @@ where
 }
 
 /// The steps whose mode is `GraphStale` with a change of `kind`.
-fn stale_steps(run: &Run, kind: fn(&StepChange) -> bool) -> Vec<usize> {
+pub(crate) fn stale_steps(run: &Run, kind: fn(&StepChange) -> bool) -> Vec<usize> {
     run.modes
         .iter()
         .enumerate()
@@ -123,7 +123,7 @@ fn stale_steps(run: &Run, kind: fn(&StepChange) -> bool) -> Vec<usize> {
 }
 
 /// Replays in `steps`.
-fn replays(run: &Run, steps: std::ops::Range<usize>) -> usize {
+pub(crate) fn replays(run: &Run, steps: std::ops::Range<usize>) -> usize {
     run.modes[steps]
         .iter()
         .filter(|mode| **mode == StepMode::Replayed)

@@ -26,7 +26,7 @@ use crate::backend::session::OpRecord;
 use crate::backend::stand_in::StandIn;
 
 /// A value of the step, type-erased: the inner backend's primitives.
-type Value = Arc<dyn Any + Send + Sync>;
+pub(crate) type Value = Arc<dyn Any + Send + Sync>;
 
 /// A tensor the step read from outside. A device graph keeps only the addresses it
 /// reads, never a reference that keeps them allocated: a Flex tensor's bytes are kept
@@ -34,6 +34,9 @@ type Value = Arc<dyn Any + Send + Sync>;
 /// replay too (its holders tell the trainer, as they do on a device).
 enum Outside {
     Held(Value),
+    /// Kept by the device graph's own addresses: a trace that stops matching hands the
+    /// value it saw (`Inner::fill_until`).
+    Unheld,
     #[cfg(feature = "flex")]
     Flex {
         data: std::sync::Weak<burn_flex_bytes::Bytes>,
@@ -64,6 +67,7 @@ impl Outside {
     fn value(&self) -> Option<Value> {
         match self {
             Outside::Held(value) => Some(Arc::clone(value)),
+            Outside::Unheld => None,
             #[cfg(feature = "flex")]
             Outside::Flex {
                 data,
@@ -121,6 +125,18 @@ pub(crate) struct Traced {
     pub(crate) stand_ins: Vec<StandInValue>,
 }
 
+/// A tensor a trace may keep as a value of the step: any primitive, type-erased.
+pub(crate) trait AsValue {
+    /// A handle on the same tensor.
+    fn as_value(&self) -> Value;
+}
+
+impl<T: Clone + Send + Sync + 'static> AsValue for T {
+    fn as_value(&self) -> Value {
+        Arc::new(self.clone())
+    }
+}
+
 /// A stand-in for one output, and how to fill it with a value of its type.
 pub(crate) struct StandInValue {
     pub(crate) value: Value,
@@ -165,6 +181,9 @@ struct Recorder {
     pending: (Vec<Option<Slot>>, Vec<Option<Slot>>),
     /// Whether every traced step has its stand-ins.
     traceable: bool,
+    /// Whether reads from outside are kept ([`Recording::begin`]) or only named
+    /// ([`Recording::begin_unheld`]).
+    hold_outside: bool,
 }
 
 thread_local! {
@@ -236,10 +255,14 @@ where
             generation,
         };
         if generation == 0 {
-            recorder
-                .outside
-                .entry(slot.clone())
-                .or_insert_with(|| Outside::of(tensor));
+            let hold = recorder.hold_outside;
+            recorder.outside.entry(slot.clone()).or_insert_with(|| {
+                if hold {
+                    Outside::of(tensor)
+                } else {
+                    Outside::Unheld
+                }
+            });
         }
         *recorder.reads.entry(slot.clone()).or_default() += 1;
         recorder.pending.0.push(Some(slot.clone()));
@@ -326,8 +349,22 @@ pub(crate) struct Recording {
 }
 
 impl Recording {
-    /// Starts recording; `None` if a program already records on this thread.
+    /// Starts recording a program to replay; `None` if a program already records on
+    /// this thread.
     pub(crate) fn begin() -> Option<Self> {
+        Self::begin_holding(true)
+    }
+
+    /// Starts recording what traces of a device graph match: reads from outside the
+    /// step are named, never held (a handle more would change the captured ops'
+    /// in-place decisions and the liveness of constants); a trace that stops matching
+    /// hands them over. Such a program is never run as a whole.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn begin_unheld() -> Option<Self> {
+        Self::begin_holding(false)
+    }
+
+    fn begin_holding(hold_outside: bool) -> Option<Self> {
         RECORDER.with(|r| {
             let mut r = r.borrow_mut();
             if r.is_some() {
@@ -341,6 +378,7 @@ impl Recording {
                 refused: None,
                 pending: Default::default(),
                 traceable: true,
+                hold_outside,
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -395,7 +433,8 @@ impl std::fmt::Debug for Program {
 impl Program {
     /// Runs every step in order.
     pub(crate) fn run(&self) -> Result<(), Missing> {
-        self.0.run_until(self.0.steps.len(), |_, _| {})
+        self.0
+            .run_until(self.0.steps.len(), HashMap::new(), |_, _| {})
     }
 
     /// The recording, for a trace to match, if every op of it has stand-ins.
@@ -411,14 +450,17 @@ impl Program {
 }
 
 impl Inner {
-    /// Runs steps `..end`; `after` sees each traced step and the values it bound.
+    /// Runs steps `..end`, reading from outside what `supplied` holds, else what the
+    /// recording kept; `after` sees each traced step and the values it bound.
     fn run_until(
         &self,
         end: usize,
+        supplied: HashMap<Slot, Value>,
         mut after: impl FnMut(&Traced, &Env<'_>),
     ) -> Result<(), Missing> {
         let mut env = Env {
             values: HashMap::new(),
+            supplied,
             outside: &self.outside,
             left: self.reads.clone(),
             op: "",
@@ -451,12 +493,17 @@ impl Inner {
         self.outside.contains_key(slot)
     }
 
-    /// Runs steps `..end` on the values as they are now and fills the stand-ins of the
-    /// traced ones with what they compute: a trace that stopped matching at step `end`
-    /// hands the closure real values from there on.
-    pub(crate) fn fill_until(&self, end: usize) -> Result<(), Missing> {
+    /// Runs steps `..end` on the values as they are now (`supplied`: the tensors from
+    /// outside the step that the trace saw read) and fills the stand-ins of the traced
+    /// ones with what they compute: a trace that stopped matching at step `end` hands
+    /// the closure real values from there on.
+    pub(crate) fn fill_until(
+        &self,
+        end: usize,
+        supplied: HashMap<Slot, Value>,
+    ) -> Result<(), Missing> {
         let mut unfilled = None;
-        self.run_until(end, |traced, env| {
+        self.run_until(end, supplied, |traced, env| {
             for (slot, stand_in) in traced.outputs.iter().zip(&traced.stand_ins) {
                 let filled = slot
                     .as_ref()
@@ -480,6 +527,8 @@ impl Inner {
 /// The values of one replay.
 pub(crate) struct Env<'p> {
     values: HashMap<Slot, Value>,
+    /// Values from outside handed over by a trace, read before the recording's own.
+    supplied: HashMap<Slot, Value>,
     outside: &'p HashMap<Slot, Outside>,
     /// Reads of each slot still to come.
     left: HashMap<Slot, usize>,
@@ -500,6 +549,7 @@ impl Env<'_> {
         let value = match self.values.get(slot) {
             Some(_) if last => self.values.remove(slot).expect("present"),
             Some(value) => Arc::clone(value),
+            None if self.supplied.contains_key(slot) => Arc::clone(&self.supplied[slot]),
             None => self
                 .outside
                 .get(slot)
