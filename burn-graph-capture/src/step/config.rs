@@ -29,10 +29,16 @@ pub struct GraphTrainerConfig {
     pub max_warmup_restarts: usize,
     /// A graph captured or last checked more than this many trainer steps ago (all
     /// shapes counted) runs its shape's next step eagerly instead, compared with what
-    /// the graph recorded (`ReplayCheck`): a replay does not call the step closure, so
-    /// a host value, branch or tensor the closure reads that changed since the capture
-    /// is found within about this many steps, even for a shape seen once an epoch; the
-    /// graph is dropped (`GraphStale`) and the shape warms up again. `0` never checks.
+    /// the graph recorded (`ReplayCheck`); a difference drops the graph (`GraphStale`)
+    /// and the shape warms up again. `0` never checks.
+    ///
+    /// Where replays are traced (`CudaCube`, emulated graphs), every replay already
+    /// matched the step closure's ops, host values and tensors read: the check adds
+    /// only what a trace cannot see, the step's values computed eagerly beside the
+    /// graph's. Where they are not (`CudaFused`), a replay does not call the closure,
+    /// and this check is what finds a host value, branch or tensor the closure reads
+    /// that changed since the capture, within about this many steps (a shape seen once
+    /// an epoch included).
     #[config(default = 100)]
     pub verify_every: usize,
     /// Most times graphs are dropped and captured again after pinned buffers changed;

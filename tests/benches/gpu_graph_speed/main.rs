@@ -14,9 +14,10 @@
 //! - `fused-gru`: `CudaFused` with a `FusedGru` of the row's sizes and a head (fresh
 //!   weights), graphed and eager; `fused-gru-stepwise` and `fused-gru-persistent` with
 //!   either recurrence forced (issue 28; none in the default list);
-//! - `trace`: what tracing every replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`
-//!   and a two-layer Transformer encoder of width `h`), traced against untraced side by
-//!   side (not in the default list);
+//! - `trace-nn-lstm`, `trace-fused-lstm`, `trace-transformer`: what tracing every
+//!   replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`, a two-layer Transformer encoder
+//!   of width `h` with four heads), traced against untraced side by side (none in the
+//!   default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -279,21 +280,20 @@ fn speed(sizes: &[Size], stacks: &[String]) {
         // What tracing every replay costs (`TrainerReport::trace_ms`), on the plain
         // stack, whose graphs have trace recordings: `nn::Lstm`, `FusedLstm` and a small
         // Transformer encoder (`h` wide), traced and untraced side by side.
-        if wants("trace") {
-            let costs = [
-                (
-                    "cube-nn-lstm",
-                    ours::trace_cost::<CudaCube, Nn<CudaCube>>(&work, &device),
-                ),
-                (
-                    "cube-fused-lstm",
-                    ours::trace_cost::<CudaCube, Batched<CudaCube>>(&work, &device),
-                ),
-                (
-                    "cube-transformer",
-                    ours::trace_cost::<CudaCube, Encoder<CudaCube>>(&work, &device),
-                ),
-            ];
+        if stacks.iter().any(|s| s.starts_with("trace-")) {
+            let mut costs = Vec::new();
+            if wants("trace-nn-lstm") {
+                let cost = ours::trace_cost::<CudaCube, Nn<CudaCube>>(&work, &device);
+                costs.push(("cube-nn-lstm", cost));
+            }
+            if wants("trace-fused-lstm") {
+                let cost = ours::trace_cost::<CudaCube, Batched<CudaCube>>(&work, &device);
+                costs.push(("cube-fused-lstm", cost));
+            }
+            if wants("trace-transformer") {
+                let cost = ours::trace_cost::<CudaCube, Encoder<CudaCube>>(&work, &device);
+                costs.push(("cube-transformer", cost));
+            }
             for (model, cost) in costs {
                 let overhead = cost.traced_ms / cost.untraced_ms - 1.0;
                 println!(
