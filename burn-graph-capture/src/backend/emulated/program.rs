@@ -550,12 +550,12 @@ impl Env<'_> {
             Some(_) if last => self.values.remove(slot).expect("present"),
             Some(value) => Arc::clone(value),
             None if self.supplied.contains_key(slot) => Arc::clone(&self.supplied[slot]),
-            None => self
-                .outside
-                .get(slot)
-                .ok_or(missing("value"))?
-                .value()
-                .ok_or(missing("tensor alive (freed since the capture)"))?,
+            None => match self.outside.get(slot).ok_or(missing("value"))? {
+                Outside::Unheld => return Err(missing("value handed over by a trace")),
+                outside => outside
+                    .value()
+                    .ok_or(missing("tensor alive (freed since the capture)"))?,
+            },
         };
         let value = value
             .downcast::<T>()
@@ -697,6 +697,51 @@ mod tests {
             18,
             "a replay starts from the same reads"
         );
+    }
+
+    #[test]
+    fn an_unheld_recording_holds_nothing_from_outside_and_runs_on_what_it_is_handed() {
+        let result = Arc::new(std::sync::Mutex::new(0));
+        let started = Recording::begin_unheld().unwrap();
+        let x = Fake {
+            allocation: 11,
+            value: 3,
+        };
+        let before = CLONES.load(Ordering::SeqCst);
+        let y = binary(
+            "add",
+            &x,
+            &x,
+            Fake {
+                allocation: 12,
+                value: 6,
+            },
+            |a, b| a + b,
+        );
+        sink(&y, Arc::clone(&result));
+        let program = started.finish().unwrap();
+        assert_eq!(
+            CLONES.load(Ordering::SeqCst),
+            before,
+            "a read from outside is named, not kept"
+        );
+        let missing = program.run().unwrap_err();
+        assert_eq!(
+            (missing.op, missing.what),
+            ("add", "value handed over by a trace")
+        );
+
+        // What a trace saw read from outside: `x` with another value.
+        let slot = Slot::new(key_of(&x).unwrap(), 0);
+        let supplied = HashMap::from([(
+            slot,
+            Arc::new(Fake {
+                allocation: 11,
+                value: 5,
+            }) as Value,
+        )]);
+        program.0.run_until(2, supplied, |_, _| {}).unwrap();
+        assert_eq!(*result.lock().unwrap(), 10);
     }
 
     #[test]
