@@ -280,17 +280,27 @@ pub(crate) struct OpRecorder {
     /// Handles on the input tensors, aligned with `reads`, while a keeping session is
     /// open.
     primitives: Vec<Option<Arc<dyn Any + Send + Sync>>>,
+    /// Whether the inputs' allocations go unread ([`OpRecorder::unnamed`]).
+    unnamed: bool,
 }
 
 impl OpRecorder {
+    /// A recorder that does not read its inputs' allocations: for an op a trace names
+    /// itself (`backend::trace`), where a matched op is never committed and an id costs
+    /// a round trip to the server on the CUDA stacks.
+    pub(crate) fn unnamed() -> Self {
+        Self {
+            unnamed: true,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn tensor<T: TensorMetadata + Allocated + 'static>(&mut self, tensor: &T) {
         let sig = TensorSig {
             shape: tensor.shape(),
             dtype: tensor.dtype(),
         };
-        // A trace names the op's inputs itself (`trace::input`); a matched op is never
-        // committed, and the id costs a round trip to the server on the CUDA stacks.
-        let allocation = if super::trace::active() {
+        let allocation = if self.unnamed {
             None
         } else {
             tensor.allocation_id()

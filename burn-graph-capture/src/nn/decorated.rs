@@ -17,7 +17,11 @@ pub(crate) fn recorded<B: GraphBackend, const I: usize, const O: usize>(
     run: impl Fn([FloatTensor<B>; I]) -> [FloatTensor<B>; O] + Send + Sync + 'static,
 ) -> [FloatTensor<GraphCapture<B>>; O] {
     let recorder = is_recording().then(|| {
-        let mut rec = OpRecorder::default();
+        let mut rec = if trace::active() {
+            OpRecorder::unnamed()
+        } else {
+            OpRecorder::default()
+        };
         inputs.iter().for_each(|t| rec.tensor(t));
         let kept = program::recording().then(|| inputs.each_ref().map(|t| program::input(name, t)));
         (rec, kept)
