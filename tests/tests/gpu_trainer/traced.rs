@@ -2,7 +2,8 @@
 //! every step, each op matched against the graph's recording, and the graph launches
 //! only if the whole step matched; a step that differs goes on eagerly from the first
 //! difference. So a world of the closure that changes after the capture trains as
-//! plain eager code, bit for bit, with every replay traced: a host loss weight changed
+//! plain eager code (within the tolerance of every graphed run), with every replay
+//! traced: a host loss weight changed
 //! at one step (with the default `verify_every`), a host coin picking between two loss
 //! terms, and a host branch between two constants of one shape. The same worlds
 //! untraced (`Untraced` at the capture: the graph has no trace recording) diverge from
@@ -12,19 +13,41 @@
 use burn::prelude::*;
 use burn_graph_capture::{GraphTrainerConfig, StepChange, Untraced};
 
+use crate::common::Diff;
 use crate::common::{Batch, Model, SMALL, Stack, device, loss};
-use crate::inputs::{B, Run};
+use crate::inputs::{B, Run, check};
 use crate::stale::{replays, run_both, stale_steps};
 
 const STEPS: usize = 60;
 
-/// Whether two runs trained alike, bit for bit: every loss and every final parameter.
-fn bit_equal(graphed: &Run, eager: &Run) -> bool {
-    let bits = |values: &mut dyn Iterator<Item = &f32>| -> Vec<u32> {
-        values.map(|v| v.to_bits()).collect()
-    };
-    bits(&mut graphed.losses.iter()) == bits(&mut eager.losses.iter())
-        && bits(&mut graphed.params.iter().flatten()) == bits(&mut eager.params.iter().flatten())
+/// Replays a run with a host coin must reach at least: each tails sends the shape back
+/// to warmup (one graph per shape), and a tails in warmup starts it over.
+const REPLAYS_WITH_A_COIN: usize = 5;
+
+/// How far two runs are apart: the largest relative difference of a loss or a final
+/// parameter, and whether every one is equal bit for bit.
+fn apart(graphed: &Run, eager: &Run) -> Diff {
+    let losses = Diff::of(&graphed.losses, &eager.losses);
+    let params = Diff::of(
+        graphed.params.iter().flatten(),
+        eager.params.iter().flatten(),
+    );
+    Diff {
+        bit_exact: losses.bit_exact && params.bit_exact,
+        max_rel: losses.max_rel.max(params.max_rel),
+    }
+}
+
+/// The traced run equals plain code (as every graphed run must: `check`), and the
+/// untraced one is far from it (a changed world replayed stale).
+fn caught(case: &str, traced: &Run, untraced: &Run, eager: &Run) {
+    check(case, traced, eager);
+    let untraced = apart(untraced, eager);
+    println!(
+        "[{case}] traced: {:?}; untraced: {untraced:?}",
+        apart(traced, eager)
+    );
+    assert!(untraced.max_rel > 1e-3, "{case}: untraced diverges");
 }
 
 /// Both runs of a world, traced and untraced, each against plain code.
@@ -51,11 +74,11 @@ fn traced_and_untraced<G: Stack, W>(
     (traced, untraced, eager)
 }
 
-/// Every replay of `run` followed a matched trace, and there were some.
-fn every_replay_traced(case: &str, run: &Run) {
+/// Every replay of `run` followed a matched trace, and there were more than `least`.
+fn every_replay_traced(case: &str, run: &Run, least: usize) {
     let report = run.report.as_ref().expect("a graphed run's report");
     let replayed = replays(run, 0..run.modes.len()) as u64;
-    assert!(replayed > STEPS as u64 / 2, "{case}: {replayed} replays");
+    assert!(replayed > least as u64, "{case}: {replayed} replays");
     assert_eq!(
         report.traces_matched, replayed,
         "{case}: every replay follows a matched trace"
@@ -75,17 +98,13 @@ fn a_host_weight_changed_after_the_capture_is_traced<G: Stack>() {
         |step| step == 30,
         |model, batch, weight| loss::<G>(model, batch) * *weight,
     );
-    assert!(
-        bit_equal(&traced, &eager),
-        "{case}: traced equals plain code"
-    );
-    every_replay_traced(case, &traced);
+    caught(case, &traced, &untraced, &eager);
+    every_replay_traced(case, &traced, STEPS / 2);
     assert_eq!(
         stale_steps(&traced, host_values),
         [30],
         "{case}: found at once"
     );
-    assert!(!bit_equal(&untraced, &eager), "{case}: untraced diverges");
 }
 
 /// Teacher forcing's pattern: a host coin (90 % heads, seeded by the step) picks one of
@@ -101,12 +120,8 @@ fn a_host_coin_is_traced<G: Stack>() {
     );
     let tails = (0..STEPS).filter(|&step| !coin(step)).count();
     assert!(tails > 2, "{case}: the coin shows tails ({tails})");
-    assert!(
-        bit_equal(&traced, &eager),
-        "{case}: traced equals plain code"
-    );
-    every_replay_traced(case, &traced);
-    assert!(!bit_equal(&untraced, &eager), "{case}: untraced diverges");
+    caught(case, &traced, &untraced, &eager);
+    every_replay_traced(case, &traced, REPLAYS_WITH_A_COIN);
 }
 
 /// A host branch between two masks of one shape, both held for the whole run: the op
@@ -132,12 +147,8 @@ fn a_branch_between_constants_of_one_shape_is_traced<G: Stack>() {
                 .mean()
         },
     );
-    assert!(
-        bit_equal(&traced, &eager),
-        "{case}: traced equals plain code"
-    );
-    every_replay_traced(case, &traced);
-    assert!(!bit_equal(&untraced, &eager), "{case}: untraced diverges");
+    caught(case, &traced, &untraced, &eager);
+    every_replay_traced(case, &traced, STEPS / 2);
 }
 
 mod cube {
