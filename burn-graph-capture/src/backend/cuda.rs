@@ -393,14 +393,17 @@ impl StandIn for CubeTensor<CudaGraphRuntime> {
             return false;
         }
         let shape: &[usize] = self.meta.shape();
-        if layout::same_placement(shape, value.meta.strides(), self.meta.strides()) {
-            copy_placed(self, value).is_ok()
-        } else if layout::is_packed(shape, self.meta.strides()) {
+        let packed;
+        let value = if !layout::same_placement(shape, value.meta.strides(), self.meta.strides())
+            && layout::is_packed(shape, self.meta.strides())
+        {
             // Computed out of place where the capture worked in place (or the reverse).
-            copy_placed(self, &into_contiguous(value.clone())).is_ok()
+            packed = into_contiguous(value.clone());
+            &packed
         } else {
-            false
-        }
+            value
+        };
+        copy_placed(self, value).is_ok()
     }
 }
 

@@ -247,11 +247,7 @@ macro_rules! forward_ops {
                     // An op without arguments keeps `()`.
                     #[allow(clippy::unused_unit)]
                     let recorder = $crate::backend::session::is_recording().then(|| {
-                        let mut rec = if $crate::backend::trace::active() {
-                            $crate::backend::session::OpRecorder::unnamed()
-                        } else {
-                            $crate::backend::session::OpRecorder::default()
-                        };
+                        let mut rec = $crate::backend::trace::recorder();
                         { let _rec = &mut rec; $(forward_ops!(@record $kind, _rec, $arg);)* }
                         let kept = $crate::backend::emulated::program::recording().then(|| {
                             ($(forward_ops!(@keep $kind, stringify!($name), $arg),)*)

@@ -9,7 +9,7 @@ use burn_backend::{FloatDType, Shape};
 
 use super::GraphBackend;
 use super::emulated::program::{self, StandInValue};
-use super::session::{self, BreakerKind, OpRecorder};
+use super::session::{self, BreakerKind};
 use super::trace;
 use crate::rng::scope;
 
@@ -58,7 +58,7 @@ pub(crate) fn float_random<B: GraphBackend>(
         }
         // What a trace matches: the state read, the draw's index and what it draws.
         let record = || {
-            let mut rec = OpRecorder::default();
+            let mut rec = trace::recorder();
             rec.tensor(&state);
             rec.attr(&(draw, &shape, distribution, dtype));
             rec.op_record("float_random")

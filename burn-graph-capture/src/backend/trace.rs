@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::emulated::program::{AsValue, Inner, Key, Slot, Value};
-use super::session::{BreakerKind, CaptureBreaker, OpRecord};
+use super::session::{BreakerKind, CaptureBreaker, OpRecord, OpRecorder};
 
 /// Where a trace stopped matching its graph; `index` counts the ops matched before.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -213,6 +213,17 @@ fn unwind_unfilled(why: String) -> ! {
 
 /// One tensor an op reads: its key, and the tensor (kept if it is from outside).
 pub(crate) type Input<'a> = (Option<Key>, &'a dyn AsValue);
+
+/// The recorder of an op: while a trace matches, one that reads no allocation ids (the
+/// trace names the inputs itself, and an id costs a round trip to the server on the
+/// CUDA stacks).
+pub(crate) fn recorder() -> OpRecorder {
+    if active() {
+        OpRecorder::unnamed()
+    } else {
+        OpRecorder::default()
+    }
+}
 
 /// `tensor` as an op's input in a trace.
 pub(crate) fn input<T>(tensor: &T) -> Input<'_>

@@ -5,7 +5,7 @@
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::emulated::program::{self, StandInValue};
-use crate::backend::session::{OpRecorder, is_recording};
+use crate::backend::session::is_recording;
 use crate::backend::trace;
 use crate::backend::{GraphBackend, GraphCapture};
 
@@ -17,11 +17,7 @@ pub(crate) fn recorded<B: GraphBackend, const I: usize, const O: usize>(
     run: impl Fn([FloatTensor<B>; I]) -> [FloatTensor<B>; O] + Send + Sync + 'static,
 ) -> [FloatTensor<GraphCapture<B>>; O] {
     let recorder = is_recording().then(|| {
-        let mut rec = if trace::active() {
-            OpRecorder::unnamed()
-        } else {
-            OpRecorder::default()
-        };
+        let mut rec = trace::recorder();
         inputs.iter().for_each(|t| rec.tensor(t));
         let kept = program::recording().then(|| inputs.each_ref().map(|t| program::input(name, t)));
         (rec, kept)

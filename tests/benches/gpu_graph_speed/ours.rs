@@ -235,17 +235,13 @@ pub fn check_cost<G: Stack, M: Model<G>>(
         with.push(round(&mut checked));
         without.push(round(&mut unchecked));
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let checks = checked.report().fallbacks.get("ReplayCheck").copied();
     CheckCost {
         verify_every,
         steps_per_round,
         rounds,
-        checked_ms: median(with),
-        unchecked_ms: median(without),
+        checked_ms: timing::median(with),
+        unchecked_ms: timing::median(without),
         checks: checks.unwrap_or(0) - checks_before.unwrap_or(0),
     }
 }
@@ -388,16 +384,12 @@ pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevi
         with.push(round(&mut traced));
     }
     let after = traced.report();
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let timed = (rounds * steps_per_round) as f64;
     TraceCost {
         steps_per_round,
         rounds,
-        traced_ms: median(with),
-        untraced_ms: median(without),
+        traced_ms: timing::median(with),
+        untraced_ms: timing::median(without),
         trace_ms_per_step: (after.trace_ms - before.trace_ms) / timed,
         traces_matched: after.traces_matched - before.traces_matched,
         not_replayed,

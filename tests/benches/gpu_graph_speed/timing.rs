@@ -43,7 +43,8 @@ pub struct Timing {
     pub min_step_ms: f64,
 }
 
-fn median(mut samples: Vec<f64>) -> f64 {
+/// The median of `samples`.
+pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
 }

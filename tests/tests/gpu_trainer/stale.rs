@@ -169,22 +169,25 @@ fn a_target_network_replaced_every_20_steps_equals_eager<G: Stack>() {
     }
 }
 
+/// A per-sample weight mask `[batch, time, 1]` of the small size: `scale` plus a
+/// pattern in steps of 0.25.
+pub(crate) fn mask<G: Stack>(scale: f32) -> Tensor<B<G>, 3> {
+    let weights: Vec<f32> = (0..SMALL.batch * SMALL.time)
+        .map(|i| scale + (i % 3) as f32 * 0.25)
+        .collect();
+    Tensor::<B<G>, 3>::from_data(
+        TensorData::new(weights, [SMALL.batch, SMALL.time, 1]),
+        &device(),
+    )
+}
+
 /// A mask the loop replaces once, after the capture.
 fn a_constant_replaced_after_capture_equals_eager<G: Stack>() {
     let steps = 40;
-    let mask = |scale: f32| {
-        let weights: Vec<f32> = (0..SMALL.batch * SMALL.time)
-            .map(|i| scale + (i % 3) as f32 * 0.25)
-            .collect();
-        Tensor::<B<G>, 3>::from_data(
-            TensorData::new(weights, [SMALL.batch, SMALL.time, 1]),
-            &device(),
-        )
-    };
     let (graphed, eager) = run_both::<G, _>(
         steps,
         GraphTrainerConfig::new(),
-        |step, _: &Model<G>| mask(if step < 20 { 0.5 } else { 1.0 }),
+        |step, _: &Model<G>| mask::<G>(if step < 20 { 0.5 } else { 1.0 }),
         |step| step == 20,
         |model: &Model<G>, batch: &Batch<G>, mask: &Tensor<B<G>, 3>| {
             ((model.forward(batch.x.clone()) - batch.y.clone()).powi_scalar(2) * mask.clone())

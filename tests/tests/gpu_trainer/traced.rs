@@ -14,9 +14,9 @@ use burn::prelude::*;
 use burn_graph_capture::{GraphTrainerConfig, StepChange, Untraced};
 
 use crate::common::Diff;
-use crate::common::{Batch, Model, SMALL, Stack, device, loss};
+use crate::common::{Batch, Model, Stack, loss};
 use crate::inputs::{B, Run, check};
-use crate::stale::{replays, run_both, stale_steps};
+use crate::stale::{mask, replays, run_both, stale_steps};
 
 const STEPS: usize = 60;
 
@@ -128,16 +128,7 @@ fn a_host_coin_is_traced<G: Stack>() {
 /// sequence and host values are the same either way, only the tensor read differs.
 fn a_branch_between_constants_of_one_shape_is_traced<G: Stack>() {
     let case = "branch between constants";
-    let mask = |scale: f32| {
-        let weights: Vec<f32> = (0..SMALL.batch * SMALL.time)
-            .map(|i| scale + (i % 3) as f32 * 0.25)
-            .collect();
-        Tensor::<B<G>, 3>::from_data(
-            TensorData::new(weights, [SMALL.batch, SMALL.time, 1]),
-            &device(),
-        )
-    };
-    let masks = [mask(0.5), mask(1.0)];
+    let masks = [mask::<G>(0.5), mask::<G>(1.0)];
     let (traced, untraced, eager) = traced_and_untraced::<G, Tensor<B<G>, 3>>(
         case,
         move |step, _| masks[usize::from(step >= 30)].clone(),

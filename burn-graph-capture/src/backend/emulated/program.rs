@@ -549,7 +549,7 @@ impl Env<'_> {
         let value = match self.values.get(slot) {
             Some(_) if last => self.values.remove(slot).expect("present"),
             Some(value) => Arc::clone(value),
-            None if self.supplied.contains_key(slot) => Arc::clone(&self.supplied[slot]),
+            None if let Some(value) = self.supplied.get(slot) => Arc::clone(value),
             None => match self.outside.get(slot).ok_or(missing("value"))? {
                 Outside::Unheld => return Err(missing("value handed over by a trace")),
                 outside => outside
