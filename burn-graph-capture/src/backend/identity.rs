@@ -131,16 +131,16 @@ mod cuda {
     use burn_fusion::{FusionRuntime, FusionTensor};
 
     use super::{Allocated, AllocationId, counter_in_debug};
-    use crate::runtime::{CudaGraphRuntime, with_server};
+    use crate::runtime::{CudaGraphRuntime, memory_at_rest};
 
     /// CubeCL numbers every memory handle from a process-wide counter when the tensor is
-    /// created; views and in-place results keep their handle, hence its id. The id is
-    /// read on the server's thread: CubeCL updates a handle's descriptor there, and only
-    /// there may it be read (a round trip, paid only while a session records).
+    /// created; views and in-place results keep their handle, hence its id. The handle's
+    /// `Debug` form, which shows the id, also reads where the server keeps the handle,
+    /// which the server moves on its thread: it is read while the server moves no memory
+    /// (`runtime::memory_at_rest`).
     impl Allocated for CubeTensor<CudaGraphRuntime> {
         fn allocation_id(&self) -> Option<AllocationId> {
-            let memory = self.handle.memory.clone();
-            let text = with_server(&self.device, move |_| format!("{memory:?}")).ok()?;
+            let text = memory_at_rest(self.device.index, || format!("{:?}", self.handle.memory));
             counter_in_debug(&text, "ManagedMemoryId { value: ").map(AllocationId::unique)
         }
     }

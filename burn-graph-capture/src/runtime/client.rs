@@ -17,7 +17,10 @@ pub fn with_server<R: Send>(
     task: impl FnOnce(&mut CudaGraphServer) -> R + Send,
 ) -> Result<R, CaptureError> {
     DeviceHandle::<CudaGraphServer>::new(device.to_id())
-        .submit_blocking(task)
+        .submit_blocking(|server| {
+            let _memory = server.hold_memory();
+            task(server)
+        })
         .map_err(|_| CaptureError::Unreachable)
 }
 
@@ -35,7 +38,10 @@ pub fn submit_to_server(
     device: &CudaGraphDevice,
     task: impl FnOnce(&mut CudaGraphServer) + Send + 'static,
 ) {
-    DeviceHandle::<CudaGraphServer>::new(device.to_id()).submit(task);
+    DeviceHandle::<CudaGraphServer>::new(device.to_id()).submit(|server| {
+        let _memory = server.hold_memory();
+        task(server)
+    });
 }
 
 /// Opens a capture window on `device`'s stream. Everything the window touches is

@@ -169,6 +169,7 @@ impl ServerCommunication for CudaGraphServer {
     const SERVER_COMM_ENABLED: bool = false;
 
     fn comm_init(&mut self, device_ids: Vec<DeviceId>) -> Result<(), ServerError> {
+        let _memory = self.hold_memory();
         let key = CommunicationId::from(device_ids.clone()).id;
         let mut ids: Vec<u16> = device_ids.iter().map(|id| id.index_id).collect();
         ids.sort_unstable();
@@ -205,6 +206,7 @@ impl ServerCommunication for CudaGraphServer {
         op: ReduceOperation,
         device_ids: Vec<DeviceId>,
     ) -> Result<(), ServerError> {
+        let _memory = self.hold_memory();
         if dtype != ElemType::Float(FloatKind::F32) {
             return Err(ServerError::Generic {
                 reason: format!("this runtime's collectives are fp32, not {dtype:?}"),

@@ -17,6 +17,7 @@ use super::{
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
     error::{CaptureError, capture_as_server_err, launch_err, server_err},
     fence::Fence,
+    memory_lock::MemoryLock,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
     stream::ServerStream,
     window::{CapturedGraph, GraphInfo},
@@ -77,6 +78,9 @@ pub struct CudaGraphServer {
     blas: Option<Result<Blas, CaptureError>>,
     /// NCCL communicators this device joined, by key (see `collective.rs`).
     comms: HashMap<u64, Arc<super::nccl::Communicator>>,
+    /// Held through every entry point, so that other threads may read memory handles
+    /// while it is not (see `memory_lock.rs`).
+    memory: MemoryLock,
 }
 
 impl CudaGraphServer {
@@ -86,6 +90,7 @@ impl CudaGraphServer {
         kernels: KernelCache,
         utilities: ServerUtilities<Self>,
     ) -> Self {
+        let memory = MemoryLock::of(ctx.ordinal());
         Self {
             ctx,
             stream,
@@ -98,7 +103,13 @@ impl CudaGraphServer {
             deferred: Vec::new(),
             blas: None,
             comms: HashMap::new(),
+            memory,
         }
+    }
+
+    /// Holds this device's memory lock for an entry point (see `memory_lock.rs`).
+    pub(crate) fn hold_memory(&self) -> parking_lot::ReentrantMutexGuard<'static, ()> {
+        self.memory.hold()
     }
 
     /// The context this server runs in.
@@ -293,6 +304,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn staging(&mut self, sizes: &[usize], stream_id: StreamId) -> Result<Vec<Bytes>, ServerError> {
+        let _memory = self.hold_memory();
         self.bind_context()?;
         let held = self.holds(stream_id);
         let stream = &mut self.stream;
@@ -311,6 +323,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
+        let _memory = self.hold_memory();
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
@@ -335,6 +348,7 @@ impl ComputeServer for CudaGraphServer {
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             let (reply, wait) = oneshot::channel();
             self.deferred.push(Deferred::Read {
@@ -354,6 +368,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             self.deferred.push(Deferred::Write {
                 descriptors,
@@ -419,6 +434,7 @@ impl ComputeServer for CudaGraphServer {
         mode: ExecutionMode,
         stream_id: StreamId,
     ) {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             self.deferred.push(Deferred::Launch {
                 kernel,
@@ -435,6 +451,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn flush(&mut self, _stream_id: StreamId) -> Result<(), ServerError> {
+        let _memory = self.hold_memory();
         if self.stream.capturing() {
             // Deferred: flushing waits on fences and frees pages (see `capture_end`).
             return Ok(());
@@ -448,6 +465,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             let (reply, wait) = oneshot::channel();
             self.deferred.push(Deferred::Sync { stream_id, reply });
@@ -468,6 +486,7 @@ impl ComputeServer for CudaGraphServer {
         binding: Binding,
         _stream_id: StreamId,
     ) -> Result<ManagedResource<GpuResource>, ServerError> {
+        let _memory = self.hold_memory();
         self.bind_context()?;
         let stream = &mut self.stream;
         let memory = binding.memory.clone();
@@ -476,10 +495,12 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn memory_usage(&mut self, _stream_id: StreamId) -> Result<MemoryUsage, ServerError> {
+        let _memory = self.hold_memory();
         Ok(self.stream.gpu.memory_usage())
     }
 
     fn memory_cleanup(&mut self, stream_id: StreamId) {
+        let _memory = self.hold_memory();
         if let Err(err) = self.bind_context() {
             return self.park(stream_id, err);
         }
@@ -491,6 +512,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             // Waiting here for the window would block the thread that must close it.
             return Err(ServerError::Generic {
@@ -507,6 +529,7 @@ impl ComputeServer for CudaGraphServer {
         stream_id: StreamId,
         token: ProfilingToken,
     ) -> Result<ProfileDuration, ProfileError> {
+        let _memory = self.hold_memory();
         if self.holds(stream_id) {
             self.timestamps.error(ProfileError::Unknown {
                 reason: "profile ended while another thread's capture window was open".into(),
@@ -519,6 +542,7 @@ impl ComputeServer for CudaGraphServer {
     }
 
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, _stream_id: StreamId) {
+        let _memory = self.hold_memory();
         self.stream.gpu.mode(mode);
     }
 }
