@@ -77,12 +77,20 @@ mod tests {
             memory_at_rest(5, || tx.send(()).unwrap());
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(rx.try_recv().is_err(), "a reader ran while the server held the lock");
+        assert!(
+            rx.try_recv().is_err(),
+            "a reader ran while the server held the lock"
+        );
         drop(guard);
         reader.join().unwrap();
         assert!(rx.try_recv().is_ok());
         // Another device's readers do not wait.
         let _other = MemoryLock::of(6).hold();
-        assert_eq!(std::thread::spawn(|| memory_at_rest(7, || 1)).join().unwrap(), 1);
+        assert_eq!(
+            std::thread::spawn(|| memory_at_rest(7, || 1))
+                .join()
+                .unwrap(),
+            1
+        );
     }
 }

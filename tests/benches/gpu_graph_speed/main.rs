@@ -304,16 +304,19 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                         "rounds": cost.rounds, "traced_ms": cost.traced_ms,
                         "untraced_ms": cost.untraced_ms, "overhead": overhead,
                         "trace_ms_per_step": cost.trace_ms_per_step,
+                        "host_ms_traced": cost.host_ms.0, "host_ms_untraced": cost.host_ms.1,
                         "traces_matched": cost.traces_matched,
                         "not_replayed": cost.not_replayed,
                     })
                 );
                 println!(
-                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; {} traces matched, {} steps not replayed |",
+                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; step calls {:.3} / {:.3} ms of host time; {} traces matched, {} steps not replayed |",
                     cost.traced_ms,
                     cost.untraced_ms,
                     overhead * 100.0,
                     cost.trace_ms_per_step,
+                    cost.host_ms.0,
+                    cost.host_ms.1,
                     cost.traces_matched,
                     cost.not_replayed
                 );

@@ -347,6 +347,9 @@ pub struct TraceCost {
     pub untraced_ms: f64,
     /// Host ms per step spent tracing (the traced trainer's timed rounds).
     pub trace_ms_per_step: f64,
+    /// Host ms per call of `step` (traced, untraced): where it exceeds the device's time
+    /// per step, the host bounds the pipeline.
+    pub host_ms: (f64, f64),
     /// Timed steps of the traced trainer that replayed after a matched trace.
     pub traces_matched: u64,
     /// Timed steps of either trainer that did not replay (should be 0).
@@ -366,11 +369,14 @@ pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevi
     let (rounds, steps_per_round) = (7, 50);
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
-    let mut round = |trainer: &mut Trainer<G, M>| {
+    let mut round = |trainer: &mut Trainer<G, M>, host: &mut std::time::Duration| {
         let start = std::time::Instant::now();
         let mut last = None;
         for _ in 0..steps_per_round {
-            let outcome = trainer.step(next.next().unwrap().clone()).expect("step");
+            let batch = next.next().unwrap().clone();
+            let called = std::time::Instant::now();
+            let outcome = trainer.step(batch).expect("step");
+            *host += called.elapsed();
             not_replayed += usize::from(outcome.mode != StepMode::Replayed);
             last = Some(outcome.output);
         }
@@ -379,9 +385,10 @@ pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevi
     };
     let before = traced.report();
     let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut host_with, mut host_without) = Default::default();
     for _ in 0..rounds {
-        without.push(round(&mut untraced));
-        with.push(round(&mut traced));
+        without.push(round(&mut untraced, &mut host_without));
+        with.push(round(&mut traced, &mut host_with));
     }
     let after = traced.report();
     let timed = (rounds * steps_per_round) as f64;
@@ -391,6 +398,10 @@ pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevi
         traced_ms: timing::median(with),
         untraced_ms: timing::median(without),
         trace_ms_per_step: (after.trace_ms - before.trace_ms) / timed,
+        host_ms: (
+            host_with.as_secs_f64() * 1e3 / timed,
+            host_without.as_secs_f64() * 1e3 / timed,
+        ),
         traces_matched: after.traces_matched - before.traces_matched,
         not_replayed,
     }
