@@ -16,7 +16,7 @@ use std::cell::Cell;
 
 use burn_backend::{StreamId, TensorMetadata};
 use burn_cubecl::tensor::CubeTensor;
-use burn_fusion::{FusionRuntime, FusionTensor, client::GlobalFusionClient};
+use burn_fusion::{FusionRuntime, FusionTensor};
 use cubecl_core::Runtime;
 
 use super::fusion::register;
@@ -75,8 +75,7 @@ fn stand_in(output: &Fused) -> Option<Fused> {
     let buffer =
         CubeTensor::new_contiguous(client, device, output.shape.clone(), handle, output.dtype);
     let caller = CALLER.with(Cell::get).unwrap_or_else(StreamId::current);
-    let fusion = GlobalFusionClient::load(&device);
-    Some(caller.executes(|| register::<CudaCube>(&fusion, AnyTensor::Float(buffer))))
+    Some(caller.executes(|| register::<CudaCube>(&output.client, AnyTensor::Float(buffer))))
 }
 
 /// B's tensor behind `tensor` (its queue launched first), `tensor` keeping its handle.
