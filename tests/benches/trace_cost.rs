@@ -1,0 +1,78 @@
+//! CPU benchmark: the host time of a trace, without a GPU.
+//!
+//! A traced replay runs the step closure, the backward pass and the update with each op
+//! matched against the graph's recording instead of running (`backend::trace`). That
+//! host work is the same on every stack but for how an input's allocation is named, so
+//! graphs emulated on Flex (`EmulatedGraphs`) measure it here, where a profiler can see
+//! it: `FusedLstm` + `Linear`, MSE, capturable Adam, at b8/t64/h128 unless `B/T/H` is
+//! given. Prints the trace's host time per step and the ops a step traces.
+//!
+//! `cargo bench -p integration-tests --bench trace_cost [-- B/T/H [STEPS]]`
+
+use std::time::Instant;
+
+use burn::backend::Flex;
+use burn_graph_capture::optim::CapturableAdamConfig;
+use burn_graph_capture::{
+    EmulatedGraphs, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
+};
+use lstm_example::model::{Forecaster, FusedLstmRegressor};
+use lstm_example::train::{from_bytes, to_bytes};
+use lstm_example::{Batch, LstmRegressorConfig, SineTask};
+
+type B = TrainBackend<Flex>;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let size: Vec<usize> = args
+        .first()
+        .map_or("8/64/128", String::as_str)
+        .split('/')
+        .map(|p| p.parse().expect("B/T/H"))
+        .collect();
+    let [b, t, h] = size[..] else {
+        panic!("size is B/T/H")
+    };
+    let steps: usize = args.get(1).map_or(200, |s| s.parse().expect("STEPS"));
+
+    let _graphs = EmulatedGraphs::on();
+    let device = Default::default();
+    let config = LstmRegressorConfig::new(h);
+    let weights = to_bytes(config.init::<Flex>(&device));
+    let model: FusedLstmRegressor<B> = from_bytes::<B>(&config, weights, &device)
+        .to_fused()
+        .expect("nn::Lstm converts");
+    let mut task = SineTask::new(7, config.d_input);
+    let batches: Vec<Batch<B>> = (0..4).map(|_| task.next_batch(b, t, &device)).collect();
+    let step = |model: &FusedLstmRegressor<B>, batch: &Batch<B>| {
+        model.mse(batch.x.clone(), batch.y.clone())
+    };
+    let trainer_config = GraphTrainerConfig::new().with_verify_every(0);
+    let adam = CapturableAdamConfig::new().init::<B>(&device);
+    let mut trainer = GraphTrainer::new(model, adam, step, trainer_config);
+    let mut next = batches.iter().cycle();
+    for _ in 0..8 {
+        trainer
+            .step(next.next().unwrap().clone())
+            .expect("warmup step");
+    }
+    let before = trainer.report();
+    let started = Instant::now();
+    let mut replayed = 0;
+    for _ in 0..steps {
+        let outcome = trainer.step(next.next().unwrap().clone()).expect("step");
+        replayed += usize::from(outcome.mode == StepMode::Replayed);
+    }
+    let wall = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let after = trainer.report();
+    let traces = after.traces_matched - before.traces_matched;
+    println!(
+        "b{b}/t{t}/h{h} on emulated graphs: {replayed} of {steps} steps replayed, {traces} traces \
+         matched; trace {:.3} ms of host time per step; whole step {wall:.3} ms (with the \
+         emulated replay's CPU kernels)",
+        (after.trace_ms - before.trace_ms) / steps as f64,
+    );
+}
