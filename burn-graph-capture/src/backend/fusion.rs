@@ -17,7 +17,6 @@ use burn::tensor::Distribution;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
-use crate::backend::trace::TraceRecording;
 use crate::backend::{
     AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul,
 };
@@ -44,7 +43,7 @@ fn resolve<B: FusionBackend>(tensor: &AnyTensor<Fusion<B>>) -> AnyTensor<B> {
 }
 
 /// Wraps B's tensor in a fusion tensor, as `Fusion::float_from_data` does.
-pub(super) fn register<B: FusionBackend>(
+fn register<B: FusionBackend>(
     client: &GlobalFusionClient<B::FusionRuntime>,
     tensor: AnyTensor<B>,
 ) -> FusionTensor<B::FusionRuntime> {
@@ -96,13 +95,10 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         B::supports_hardware_graphs(device)
     }
 
-    /// The stand-ins B's recording makes for traces are registered on the caller's
-    /// stream, where the trainer's later steps run (`backend::fused_stand_in`).
     fn capture<R>(device: &Self::Device, step: impl FnOnce() -> R) -> Captured<R, Self::Graph> {
         drain::<B>(device);
-        let caller = StreamId::current();
         B::capture(device, || {
-            let out = super::fused_stand_in::made_for(caller, step);
+            let out = step();
             // B may run the step under a stream of its own: drain the one it ran on.
             drain::<B>(device);
             out
@@ -136,10 +132,6 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
         // Work queued before the replay (its inputs, reads of the last loss) runs first.
         drain::<B>(&graph.device);
         B::replay(&graph.graph)
-    }
-
-    fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {
-        B::trace_recording(&graph.graph)
     }
 
     fn hand_over(tensor: AnyTensor<Self>, caller: StreamId) -> AnyTensor<Self> {

@@ -19,8 +19,6 @@ mod forward;
 #[cfg(feature = "cuda")]
 mod fused_matmul;
 #[cfg(feature = "cuda")]
-mod fused_stand_in;
-#[cfg(feature = "cuda")]
 mod fusion;
 #[cfg(feature = "cuda")]
 mod gemm_route;

@@ -15,7 +15,7 @@
 //!   weights), graphed and eager; `fused-gru-stepwise` and `fused-gru-persistent` with
 //!   either recurrence forced (issue 28; none in the default list);
 //! - `trace-nn-lstm`, `trace-fused-lstm`, `trace-transformer`: what tracing every
-//!   replay costs on both stacks (`nn::Lstm`, `FusedLstm`, a two-layer Transformer encoder
+//!   replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`, a two-layer Transformer encoder
 //!   of width `h` with four heads), traced against untraced side by side (none in the
 //!   default list);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
@@ -277,28 +277,22 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 cost.checks
             );
         }
-        // What tracing every replay costs (`TrainerReport::trace_ms`), on both stacks:
-        // `nn::Lstm`, `FusedLstm` and a small Transformer encoder (`h` wide), traced and
-        // untraced side by side.
+        // What tracing every replay costs (`TrainerReport::trace_ms`), on the plain
+        // stack, whose graphs have trace recordings: `nn::Lstm`, `FusedLstm` and a small
+        // Transformer encoder (`h` wide), traced and untraced side by side.
         if stacks.iter().any(|s| s.starts_with("trace-")) {
             let mut costs = Vec::new();
             if wants("trace-nn-lstm") {
                 let cost = ours::trace_cost::<CudaCube, Nn<CudaCube>>(&work, &device);
                 costs.push(("cube-nn-lstm", cost));
-                let cost = ours::trace_cost::<CudaFused, Nn<CudaFused>>(&work, &device);
-                costs.push(("fused-nn-lstm", cost));
             }
             if wants("trace-fused-lstm") {
                 let cost = ours::trace_cost::<CudaCube, Batched<CudaCube>>(&work, &device);
                 costs.push(("cube-fused-lstm", cost));
-                let cost = ours::trace_cost::<CudaFused, Batched<CudaFused>>(&work, &device);
-                costs.push(("fused-fused-lstm", cost));
             }
             if wants("trace-transformer") {
                 let cost = ours::trace_cost::<CudaCube, Encoder<CudaCube>>(&work, &device);
                 costs.push(("cube-transformer", cost));
-                let cost = ours::trace_cost::<CudaFused, Encoder<CudaFused>>(&work, &device);
-                costs.push(("fused-transformer", cost));
             }
             for (model, cost) in costs {
                 let overhead = cost.traced_ms / cost.untraced_ms - 1.0;
