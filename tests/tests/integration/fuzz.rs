@@ -711,6 +711,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
 
 /// Whether `G`'s replays on this thread are traced: emulated graphs, and the plain CUDA
 /// stack (the fusion stack's graphs have no trace recording yet).
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn replays_traced<G: 'static>() -> bool {
     #[cfg(feature = "cuda")]
     let cube =
