@@ -287,7 +287,7 @@ pub(crate) struct OpRecorder {
 impl OpRecorder {
     /// A recorder that does not read its inputs' allocations: for an op a trace names
     /// itself (`backend::trace`), where a matched op is never committed and an id costs
-    /// a round trip to the server on the CUDA stacks.
+    /// the server's memory lock and a `Debug` format on the CUDA stacks.
     pub(crate) fn unnamed() -> Self {
         Self {
             unnamed: true,

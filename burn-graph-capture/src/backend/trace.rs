@@ -215,8 +215,8 @@ fn unwind_unfilled(why: String) -> ! {
 pub(crate) type Input<'a> = (Option<Key>, &'a dyn AsValue);
 
 /// The recorder of an op: while a trace matches, one that reads no allocation ids (the
-/// trace names the inputs itself, and an id costs a round trip to the server on the
-/// CUDA stacks).
+/// trace names the inputs itself, and on the CUDA stacks an id costs the server's memory
+/// lock and a `Debug` format).
 pub(crate) fn recorder() -> OpRecorder {
     if active() {
         OpRecorder::unnamed()

@@ -16,41 +16,20 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
+use parking_lot::ReentrantMutex;
 
 /// One lock per device index, made on first use and kept for the process.
 static LOCKS: Mutex<Vec<&'static ReentrantMutex<()>>> = Mutex::new(Vec::new());
 
-/// The lock of device `index`: one per device, never shared between two (a server
-/// blocked in a collective must not hold another device's readers).
-fn lock_of(index: usize) -> &'static ReentrantMutex<()> {
+/// The lock of device `index`, which its server holds through every entry point: one
+/// per device, never shared between two (a server blocked in a collective must not hold
+/// another device's readers).
+pub(crate) fn lock_of(index: usize) -> &'static ReentrantMutex<()> {
     let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
     while locks.len() <= index {
         locks.push(Box::leak(Box::new(ReentrantMutex::new(()))));
     }
     locks[index]
-}
-
-/// Held by the server of a device while it runs: no memory of that device moves
-/// unless its holder moves it.
-pub(crate) struct MemoryLock(&'static ReentrantMutex<()>);
-
-impl std::fmt::Debug for MemoryLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MemoryLock")
-    }
-}
-
-impl MemoryLock {
-    /// The lock of device `index`.
-    pub(crate) fn of(index: usize) -> Self {
-        Self(lock_of(index))
-    }
-
-    /// Holds the lock for an entry point of the server.
-    pub(crate) fn hold(&self) -> ReentrantMutexGuard<'static, ()> {
-        self.0.lock()
-    }
 }
 
 /// Runs `read` while the server of device `index` moves no memory: a read of a memory
@@ -68,8 +47,7 @@ mod tests {
     fn each_device_has_its_own_lock_and_readers_wait_for_the_holder() {
         assert!(!std::ptr::eq(lock_of(0), lock_of(1)));
         assert!(std::ptr::eq(lock_of(3), lock_of(3)));
-        let held = MemoryLock::of(5);
-        let guard = held.hold();
+        let guard = lock_of(5).lock();
         // Reentrant on the holder's thread.
         assert_eq!(memory_at_rest(5, || 7), 7);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -85,7 +63,7 @@ mod tests {
         reader.join().unwrap();
         assert!(rx.try_recv().is_ok());
         // Another device's readers do not wait.
-        let _other = MemoryLock::of(6).hold();
+        let _other = lock_of(6).lock();
         assert_eq!(
             std::thread::spawn(|| memory_at_rest(7, || 1))
                 .join()

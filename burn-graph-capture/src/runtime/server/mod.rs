@@ -17,7 +17,7 @@ use super::{
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
     error::{CaptureError, capture_as_server_err, launch_err, server_err},
     fence::Fence,
-    memory_lock::MemoryLock,
+    memory_lock::lock_of,
     storage::{GpuResource, GpuStorage, PinnedStagingController},
     stream::ServerStream,
     window::{CapturedGraph, GraphInfo},
@@ -80,7 +80,7 @@ pub struct CudaGraphServer {
     comms: HashMap<u64, Arc<super::nccl::Communicator>>,
     /// Held through every entry point, so that other threads may read memory handles
     /// while it is not (see `memory_lock.rs`).
-    memory: MemoryLock,
+    memory: &'static parking_lot::ReentrantMutex<()>,
 }
 
 impl CudaGraphServer {
@@ -90,7 +90,7 @@ impl CudaGraphServer {
         kernels: KernelCache,
         utilities: ServerUtilities<Self>,
     ) -> Self {
-        let memory = MemoryLock::of(ctx.ordinal());
+        let memory = lock_of(ctx.ordinal());
         Self {
             ctx,
             stream,
@@ -109,7 +109,7 @@ impl CudaGraphServer {
 
     /// Holds this device's memory lock for an entry point (see `memory_lock.rs`).
     pub(crate) fn hold_memory(&self) -> parking_lot::ReentrantMutexGuard<'static, ()> {
-        self.memory.hold()
+        self.memory.lock()
     }
 
     /// The context this server runs in.
