@@ -4,14 +4,16 @@
 //! matched against the graph's recording instead of running (`backend::trace`). That
 //! host work is the same on every stack but for how an input's allocation is named, so
 //! graphs emulated on Flex (`EmulatedGraphs`) measure it here, where a profiler can see
-//! it: `FusedLstm` + `Linear`, MSE, capturable Adam, at b8/t64/h128 unless `B/T/H` is
-//! given. Prints the trace's host time per step and the ops a step traces.
+//! it: MSE and capturable Adam on `FusedLstm` + `Linear` (`fused-lstm`, at b8/t64/h128
+//! unless `B/T/H` is given) or on a two-layer Transformer encoder (`transformer`, h wide,
+//! four heads). Prints the trace's host time per step.
 //!
-//! `cargo bench -p integration-tests --bench trace_cost [-- B/T/H [STEPS]]`
+//! `cargo bench -p integration-tests --bench trace_cost [-- MODEL [B/T/H [STEPS]]]`
 
 use std::time::Instant;
 
 use burn::backend::Flex;
+use burn::module::AutodiffModule;
 use burn_graph_capture::optim::CapturableAdamConfig;
 use burn_graph_capture::{
     EmulatedGraphs, GraphTrainer, GraphTrainerConfig, StepMode, TrainBackend,
@@ -20,6 +22,9 @@ use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{from_bytes, to_bytes};
 use lstm_example::{Batch, LstmRegressorConfig, SineTask};
 
+#[path = "shared/transformer.rs"]
+mod transformer;
+
 type B = TrainBackend<Flex>;
 
 fn main() {
@@ -27,8 +32,9 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    let model = args.first().map_or("fused-lstm", String::as_str);
     let size: Vec<usize> = args
-        .first()
+        .get(1)
         .map_or("8/64/128", String::as_str)
         .split('/')
         .map(|p| p.parse().expect("B/T/H"))
@@ -36,20 +42,36 @@ fn main() {
     let [b, t, h] = size[..] else {
         panic!("size is B/T/H")
     };
-    let steps: usize = args.get(1).map_or(200, |s| s.parse().expect("STEPS"));
+    let steps: usize = args.get(2).map_or(200, |s| s.parse().expect("STEPS"));
 
     let _graphs = EmulatedGraphs::on();
     let device = Default::default();
     let config = LstmRegressorConfig::new(h);
-    let weights = to_bytes(config.init::<Flex>(&device));
-    let model: FusedLstmRegressor<B> = from_bytes::<B>(&config, weights, &device)
-        .to_fused()
-        .expect("nn::Lstm converts");
-    let mut task = SineTask::new(7, config.d_input);
+    let task = SineTask::new(7, config.d_input);
+    match model {
+        "fused-lstm" => {
+            let weights = to_bytes(config.init::<Flex>(&device));
+            let model: FusedLstmRegressor<B> = from_bytes::<B>(&config, weights, &device)
+                .to_fused()
+                .expect("nn::Lstm converts");
+            measure(model, task, [b, t, h], steps);
+        }
+        "transformer" => {
+            let model = transformer::TransformerRegressor::<B>::new(config.d_input, h, &device);
+            measure(model, task, [b, t, h], steps);
+        }
+        other => panic!("no model {other}: fused-lstm or transformer"),
+    }
+}
+
+/// Warms `model` up on emulated graphs, then times `steps` traced replays.
+fn measure<M>(model: M, mut task: SineTask, [b, t, h]: [usize; 3], steps: usize)
+where
+    M: AutodiffModule<B> + Forecaster<B> + 'static,
+{
+    let device = Default::default();
     let batches: Vec<Batch<B>> = (0..4).map(|_| task.next_batch(b, t, &device)).collect();
-    let step = |model: &FusedLstmRegressor<B>, batch: &Batch<B>| {
-        model.mse(batch.x.clone(), batch.y.clone())
-    };
+    let step = |model: &M, batch: &Batch<B>| model.mse(batch.x.clone(), batch.y.clone());
     let trainer_config = GraphTrainerConfig::new().with_verify_every(0);
     let adam = CapturableAdamConfig::new().init::<B>(&device);
     let mut trainer = GraphTrainer::new(model, adam, step, trainer_config);

@@ -180,35 +180,12 @@ impl<B: GruBackend> BenchModel<B> for GruRegressor<B> {
     }
 }
 
-/// A small Transformer encoder forecaster: the inputs projected to `h`, two encoder
-/// layers of width `h` with four heads (no dropout), a linear head. What a trace costs
-/// on a model of many small ops that is not recurrent.
-#[derive(Module, Debug)]
-pub struct TransformerRegressor<B: Backend> {
-    input: burn::nn::Linear<B>,
-    encoder: burn::nn::transformer::TransformerEncoder<B>,
-    head: burn::nn::Linear<B>,
-}
-
-impl<B: Backend> Forecaster<B> for TransformerRegressor<B> {
-    fn predict(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let hidden = self.input.forward(x);
-        let encoded = self
-            .encoder
-            .forward(burn::nn::transformer::TransformerEncoderInput::new(hidden));
-        self.head.forward(encoded)
-    }
-}
+#[path = "../shared/transformer.rs"]
+mod transformer;
+pub use transformer::TransformerRegressor;
 
 impl<B: Backend> BenchModel<B> for TransformerRegressor<B> {
     fn build(work: &Workload, device: &B::Device) -> Self {
-        let h = work.size.h;
-        Self {
-            input: burn::nn::LinearConfig::new(work.config.d_input, h).init(device),
-            encoder: burn::nn::transformer::TransformerEncoderConfig::new(h, 2 * h, 4, 2)
-                .with_dropout(0.0)
-                .init(device),
-            head: burn::nn::LinearConfig::new(h, 1).init(device),
-        }
+        TransformerRegressor::new(work.config.d_input, work.size.h, device)
     }
 }
