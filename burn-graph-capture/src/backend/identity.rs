@@ -74,16 +74,98 @@ pub trait Allocated {
     }
 }
 
-/// Reads the number that follows `marker` in `text`: the counter value inside a derived
-/// `Debug` form, for ids whose field is private (Fusion's `TensorId`, CubeCL's memory id).
+/// Reads the number that follows `marker` in `value`'s `Debug` form: the counter inside
+/// an id whose field is private (Fusion's `TensorId`, CubeCL's memory id).
+///
+/// The form is streamed, never collected: nothing is allocated, and formatting stops at
+/// the first character after the number, so fields printed after it (a memory handle's
+/// location) are never formatted. A trace reads an id for every input of every op.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn counter_in_debug(text: &str, marker: &str) -> Option<u64> {
-    let start = text.find(marker)? + marker.len();
-    let digits: String = text[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
+pub(crate) fn counter_in_debug<T: fmt::Debug + ?Sized>(value: &T, marker: &str) -> Option<u64> {
+    let mut reader = CounterReader::new(marker.as_bytes());
+    // The reader stops the formatting with an error once it has the number (or knows
+    // there is none); the error carries no other meaning.
+    let _ = fmt::write(&mut reader, format_args!("{value:?}"));
+    match reader.state {
+        ReadState::Digits { value, count } if count > 0 => Some(value),
+        ReadState::Done(value) => Some(value),
+        _ => None,
+    }
+}
+
+/// The longest marker [`counter_in_debug`] looks for.
+const MARKER_CAPACITY: usize = 32;
+
+/// A `fmt::Write` that looks for a marker and then reads the digits after it.
+struct CounterReader<'m> {
+    marker: &'m [u8],
+    /// The last bytes seen, right-aligned.
+    window: [u8; MARKER_CAPACITY],
+    state: ReadState,
+}
+
+#[derive(Clone, Copy)]
+enum ReadState {
+    Seeking,
+    Digits {
+        value: u64,
+        count: u32,
+    },
+    Done(u64),
+    /// The marker was not followed by a number, or the number overflowed.
+    Invalid,
+}
+
+impl<'m> CounterReader<'m> {
+    fn new(marker: &'m [u8]) -> Self {
+        assert!(
+            !marker.is_empty() && marker.len() <= MARKER_CAPACITY,
+            "a marker is 1 to {MARKER_CAPACITY} bytes"
+        );
+        Self {
+            marker,
+            window: [0; MARKER_CAPACITY],
+            state: ReadState::Seeking,
+        }
+    }
+
+    /// Takes one byte; `false` once reading is over.
+    fn push(&mut self, byte: u8) -> bool {
+        self.state = match self.state {
+            ReadState::Seeking => {
+                self.window.copy_within(1.., 0);
+                self.window[MARKER_CAPACITY - 1] = byte;
+                if self.window[MARKER_CAPACITY - self.marker.len()..] == *self.marker {
+                    ReadState::Digits { value: 0, count: 0 }
+                } else {
+                    ReadState::Seeking
+                }
+            }
+            ReadState::Digits { value, count } if byte.is_ascii_digit() => value
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(u64::from(byte - b'0')))
+                .map_or(ReadState::Invalid, |value| ReadState::Digits {
+                    value,
+                    count: count + 1,
+                }),
+            ReadState::Digits { value, count } if count > 0 => ReadState::Done(value),
+            // Once read (or found missing), the value stays, whatever else is written.
+            ReadState::Digits { .. } => ReadState::Invalid,
+            settled @ (ReadState::Done(_) | ReadState::Invalid) => settled,
+        };
+        matches!(self.state, ReadState::Seeking | ReadState::Digits { .. })
+    }
+}
+
+impl fmt::Write for CounterReader<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for &byte in text.as_bytes() {
+            if !self.push(byte) {
+                return Err(fmt::Error);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -133,15 +215,23 @@ mod cuda {
     use super::{Allocated, AllocationId, counter_in_debug};
     use crate::runtime::{CudaGraphRuntime, memory_at_rest};
 
+    /// What precedes the id in a CubeCL memory handle's `Debug` form; the handle's
+    /// location comes after it, so the read stops before the location is formatted.
+    pub(super) const CUBE_MEMORY_ID: &str = "ManagedMemoryId { value: ";
+    /// What precedes the counter in a Fusion `TensorId`'s `Debug` form.
+    pub(super) const FUSION_TENSOR_ID: &str = "value: ";
+
     /// CubeCL numbers every memory handle from a process-wide counter when the tensor is
     /// created; views and in-place results keep their handle, hence its id. The handle's
-    /// `Debug` form, which shows the id, also reads where the server keeps the handle,
-    /// which the server moves on its thread: it is read while the server moves no memory
-    /// (`runtime::memory_at_rest`).
+    /// `Debug` form, which shows the id, also reads (though the reader never formats it)
+    /// where the server keeps the handle, a `Cell` the server moves on its thread: it is
+    /// read while the server moves no memory (`runtime::memory_at_rest`).
     impl Allocated for CubeTensor<CudaGraphRuntime> {
         fn allocation_id(&self) -> Option<AllocationId> {
-            let text = memory_at_rest(self.device.index, || format!("{:?}", self.handle.memory));
-            counter_in_debug(&text, "ManagedMemoryId { value: ").map(AllocationId::unique)
+            memory_at_rest(self.device.index, || {
+                counter_in_debug(&self.handle.memory, CUBE_MEMORY_ID)
+            })
+            .map(AllocationId::unique)
         }
     }
 
@@ -153,8 +243,7 @@ mod cuda {
     /// result is always a new id, even where its kernel wrote in place.
     impl<R: FusionRuntime> Allocated for FusionTensor<R> {
         fn allocation_id(&self) -> Option<AllocationId> {
-            let text = format!("{:?}", self.id);
-            counter_in_debug(&text, "value: ").map(AllocationId::unique)
+            counter_in_debug(&self.id, FUSION_TENSOR_ID).map(AllocationId::unique)
         }
     }
 }
@@ -163,13 +252,65 @@ mod cuda {
 mod tests {
     use super::*;
 
+    /// A `Debug` form written in pieces, as derived forms are.
+    struct Pieces(&'static [&'static str]);
+
+    impl fmt::Debug for Pieces {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.iter().try_for_each(|piece| f.write_str(piece))
+        }
+    }
+
     #[test]
     fn counters_are_read_from_debug_forms() {
+        #[derive(Debug)]
+        #[allow(dead_code, reason = "read through its Debug form only")]
+        struct TensorId {
+            value: u64,
+        }
         assert_eq!(
-            counter_in_debug("TensorId { value: 42 }", "value: "),
+            counter_in_debug(&TensorId { value: 42 }, "value: "),
             Some(42)
         );
         assert_eq!(counter_in_debug("Other { x: 1 }", "value: "), None);
+        // The marker and the digits may arrive split across writes.
+        let split = Pieces(&["Id { val", "ue: 12", "34 }"]);
+        assert_eq!(counter_in_debug(&split, "value: "), Some(1234));
+        // A marker that restarts inside itself is still found.
+        assert_eq!(counter_in_debug(&Pieces(&["aaab7,"]), "aab"), Some(7));
+        // No digits after the marker, or too many, is no id.
+        assert_eq!(counter_in_debug(&Pieces(&["value: x"]), "value: "), None);
+        assert_eq!(
+            counter_in_debug(&Pieces(&["value: 99999999999999999999999"]), "value: "),
+            None
+        );
+    }
+
+    #[test]
+    fn the_reader_stops_at_the_end_of_the_number() {
+        /// Fails the test if its field is ever formatted.
+        struct Untouchable;
+        impl fmt::Debug for Untouchable {
+            fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+                panic!("formatted a field after the id")
+            }
+        }
+        #[derive(Debug)]
+        #[allow(dead_code, reason = "read through its Debug form only")]
+        struct Handle {
+            id: u64,
+            location: Untouchable,
+        }
+        let handle = Handle {
+            id: 9,
+            location: Untouchable,
+        };
+        assert_eq!(counter_in_debug(&handle, "id: "), Some(9));
+        // Debug forms that ignore write errors keep the value read.
+        assert_eq!(
+            counter_in_debug(&Pieces(&["id: 5", " more id: 6"]), "id: "),
+            Some(5)
+        );
     }
 
     #[test]
@@ -205,16 +346,20 @@ mod tests {
     fn fusion_and_cube_ids_are_read_exactly() {
         use cubecl_runtime::memory_management::ManagedMemoryHandle;
 
+        use super::cuda::{CUBE_MEMORY_ID, FUSION_TENSOR_ID};
+
         let id = burn_ir::TensorId::new(123_456);
-        assert_eq!(
-            counter_in_debug(&format!("{id:?}"), "value: "),
-            Some(123_456)
-        );
+        assert_eq!(counter_in_debug(&id, FUSION_TENSOR_ID), Some(123_456));
         let (a, b) = (ManagedMemoryHandle::new(), ManagedMemoryHandle::new());
-        let read = |h: &ManagedMemoryHandle| {
-            counter_in_debug(&format!("{h:?}"), "ManagedMemoryId { value: ").unwrap()
-        };
+        let read = |h: &ManagedMemoryHandle| counter_in_debug(h, CUBE_MEMORY_ID).unwrap();
         assert_eq!(read(&a), read(&a.clone()));
         assert!(read(&b) > read(&a));
+        // The id is printed before the location, so the reader never formats the latter.
+        let form = format!("{a:?}");
+        let (id_at, location_at) = (form.find(CUBE_MEMORY_ID), form.find("location"));
+        assert!(
+            matches!((id_at, location_at), (Some(i), Some(l)) if i < l),
+            "the handle's Debug form changed: {form}"
+        );
     }
 }

@@ -15,8 +15,9 @@
 //! is called once.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use super::emulated::program::{AsValue, Inner, Key, Slot, Value};
 use super::session::{BreakerKind, CaptureBreaker, OpRecord, OpRecorder};
@@ -90,14 +91,14 @@ struct Tracer {
     /// Traced ops matched so far.
     matched: usize,
     /// The recorded key each stand-in handed out stands for.
-    stand_ins: HashMap<Key, Key>,
+    stand_ins: FxHashMap<Key, Key>,
     /// The generation each recorded key is at after the ops matched so far: a read of a
     /// key is a read of its latest value, as the recording took it.
-    latest: HashMap<Key, u32>,
+    latest: FxHashMap<Key, u32>,
     /// The tensors from outside the step that matched ops read, by slot: what the
     /// recorded ops compute from when the trace stops matching (a device graph's
     /// recording names them without holding them).
-    supplied: HashMap<Slot, Value>,
+    supplied: FxHashMap<Slot, Value>,
     /// Where the trace stopped matching, once it did.
     diverged: Option<Difference>,
 }
@@ -140,13 +141,15 @@ impl Trace {
             if tracer.is_some() {
                 return None;
             }
+            // Sized for the recording at once: a step inserts about one key per op.
+            let ops = recording.traced_count();
             *tracer = Some(Tracer {
                 recording,
                 next: 0,
                 matched: 0,
-                stand_ins: HashMap::new(),
-                latest: HashMap::new(),
-                supplied: HashMap::new(),
+                stand_ins: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
+                latest: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
+                supplied: FxHashMap::default(),
                 diverged: None,
             });
             Some(Self {
@@ -389,7 +392,7 @@ impl Tracer {
         self.diverged = Some(change);
         let supplied = std::mem::take(&mut self.supplied);
         self.recording
-            .fill_until(self.next, supplied)
+            .fill_until(self.next, supplied.into_iter().collect())
             .map_err(|missing| missing.to_string())
     }
 }
