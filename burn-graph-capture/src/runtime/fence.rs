@@ -4,6 +4,7 @@
 //! queue (staging buffers are released only once the copies reading them are done).
 
 use crate::runtime::error::server_err;
+use crate::runtime::memory_lock::waiting_unlocked;
 use cubecl_core::server::ServerError;
 use cubecl_runtime::memory_management::drop_queue;
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -25,10 +26,11 @@ impl Fence {
         Self { event }
     }
 
-    /// Blocks the calling thread until the fenced work is done.
+    /// Blocks the calling thread until the fenced work is done, with the device's memory
+    /// lock let go meanwhile (`memory_lock::waiting_unlocked`).
     pub fn wait(self) -> Result<(), ServerError> {
-        self.event?
-            .synchronize()
+        let event = self.event?;
+        waiting_unlocked(|| event.synchronize())
             .map_err(|err| server_err("cuEventSynchronize", err))
     }
 }

@@ -1,7 +1,7 @@
 //! Reading memory handles on any thread, without a trip to the server's thread.
 //!
 //! CubeCL numbers a memory handle once, when it is made, and never changes that id. But
-//! the handle shows it only through its `Debug` form, which also prints where the
+//! the handle shows it only through its `Debug` form, which also reads where the
 //! handle lies (pool, page, slice): a `Cell` that the server moves on its own thread, so
 //! a read on another thread could race with a move. Sending every read to the server's
 //! thread is safe but costs a round trip of thread wake-ups per tensor, which a trace
@@ -10,65 +10,163 @@
 //! `with_server`), and [`memory_at_rest`] runs a read under the same lock: no read
 //! overlaps a move, at the cost of an uncontended lock.
 //!
-//! The lock is reentrant because entry points call one another on the server's thread.
-//! It is never held while waiting on another thread's work except by the server itself
-//! (a sync inside a profile), so a reader only ever waits for the server's current call.
+//! The server lets the lock go while it waits for the device ([`waiting_unlocked`]):
+//! it moves no memory then, and a reader must not wait for the device's queue to drain
+//! (a trace runs while the step before it replays). Holds nest, because entry points
+//! call one another on the server's thread: the lock is taken at a thread's first hold
+//! and let go at its last.
 
+use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
-use parking_lot::ReentrantMutex;
+use parking_lot::RawMutex;
+use parking_lot::lock_api::RawMutex as _;
 
 /// One lock per device index, made on first use and kept for the process.
-static LOCKS: Mutex<Vec<&'static ReentrantMutex<()>>> = Mutex::new(Vec::new());
+static LOCKS: Mutex<Vec<&'static RawMutex>> = Mutex::new(Vec::new());
 
-/// The lock of device `index`, which its server holds through every entry point: one
-/// per device, never shared between two (a server blocked in a collective must not hold
-/// another device's readers).
-pub(crate) fn lock_of(index: usize) -> &'static ReentrantMutex<()> {
+thread_local! {
+    /// This thread's holds on each device's lock, by device index.
+    static HOLDS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The lock of device `index`: one per device, never shared between two (a server
+/// blocked in a collective must not hold another device's readers).
+fn lock_of(index: usize) -> &'static RawMutex {
     let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
     while locks.len() <= index {
-        locks.push(Box::leak(Box::new(ReentrantMutex::new(()))));
+        locks.push(Box::leak(Box::new(RawMutex::INIT)));
     }
     locks[index]
+}
+
+/// A hold on a device's memory lock, for one entry point or one read; the lock stays
+/// taken while this thread has any hold on it.
+#[must_use = "the lock is held only while the hold lives"]
+pub(crate) struct MemoryHold {
+    index: usize,
+    /// Let go on the thread that took it.
+    _thread_bound: PhantomData<*const ()>,
+}
+
+/// Holds device `index`'s memory lock until the hold is dropped.
+pub(crate) fn hold(index: usize) -> MemoryHold {
+    let first = HOLDS.with(|holds| {
+        let mut holds = holds.borrow_mut();
+        if holds.len() <= index {
+            holds.resize(index + 1, 0);
+        }
+        holds[index] += 1;
+        holds[index] == 1
+    });
+    if first {
+        lock_of(index).lock();
+    }
+    MemoryHold {
+        index,
+        _thread_bound: PhantomData,
+    }
+}
+
+impl Drop for MemoryHold {
+    fn drop(&mut self) {
+        let last = HOLDS.with(|holds| {
+            let mut holds = holds.borrow_mut();
+            holds[self.index] -= 1;
+            holds[self.index] == 0
+        });
+        if last {
+            // SAFETY: this thread took the lock at its first hold, which is still
+            // counted until now, and has not let it go since (`waiting_unlocked` takes
+            // it back before returning).
+            unsafe { lock_of(self.index).unlock() };
+        }
+    }
+}
+
+/// Runs `wait` (a wait for the device) with every memory lock this thread holds let go,
+/// and takes them back after it: readers do not wait for the device through the server.
+/// `wait` must not touch memory handles.
+pub(crate) fn waiting_unlocked<R>(wait: impl FnOnce() -> R) -> R {
+    let held: Vec<usize> = HOLDS.with(|holds| {
+        let holds = holds.borrow();
+        (0..holds.len()).filter(|&index| holds[index] > 0).collect()
+    });
+    for &index in &held {
+        // SAFETY: this thread holds the lock (its count is above zero); it takes it
+        // back below, before any hold is dropped.
+        unsafe { lock_of(index).unlock() };
+    }
+    let waited = wait();
+    for &index in &held {
+        lock_of(index).lock();
+    }
+    waited
 }
 
 /// Runs `read` while the server of device `index` moves no memory: a read of a memory
 /// handle's `Debug` form (its id) on any thread.
 pub fn memory_at_rest<R>(index: usize, read: impl FnOnce() -> R) -> R {
-    let _held = lock_of(index).lock();
+    let _hold = hold(index);
     read()
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+
     use super::*;
 
+    /// Whether a reader on another thread gets device `index`'s lock within 50 ms.
+    fn reader_gets_in(index: usize) -> (bool, thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let reader = thread::spawn(move || {
+            // The receiver is gone where the reader was kept out.
+            memory_at_rest(index, || {
+                let _ = tx.send(());
+            })
+        });
+        let got_in = rx.recv_timeout(Duration::from_millis(50)).is_ok();
+        (got_in, reader)
+    }
+
     #[test]
-    fn each_device_has_its_own_lock_and_readers_wait_for_the_holder() {
+    fn readers_wait_for_the_holder_and_devices_do_not_share_a_lock() {
         assert!(!std::ptr::eq(lock_of(0), lock_of(1)));
         assert!(std::ptr::eq(lock_of(3), lock_of(3)));
-        let guard = lock_of(5).lock();
-        // Reentrant on the holder's thread.
+        let outer = hold(5);
+        // Nested holds on the holder's thread do not block, and the lock stays taken
+        // until the last one goes.
         assert_eq!(memory_at_rest(5, || 7), 7);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            memory_at_rest(5, || tx.send(()).unwrap());
-        });
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(
-            rx.try_recv().is_err(),
-            "a reader ran while the server held the lock"
-        );
-        drop(guard);
+        let (got_in, reader) = reader_gets_in(5);
+        assert!(!got_in, "a reader ran while the server held the lock");
+        drop(outer);
         reader.join().unwrap();
-        assert!(rx.try_recv().is_ok());
         // Another device's readers do not wait.
-        let _other = lock_of(6).lock();
-        assert_eq!(
-            std::thread::spawn(|| memory_at_rest(7, || 1))
-                .join()
-                .unwrap(),
-            1
+        let _other = hold(6);
+        let (got_in, reader) = reader_gets_in(7);
+        assert!(got_in);
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_wait_for_the_device_lets_readers_in_and_takes_the_lock_back() {
+        let outer = hold(9);
+        let inner = hold(9);
+        let (got_in, reader) = waiting_unlocked(|| reader_gets_in(9));
+        assert!(
+            got_in,
+            "a reader waited on the server's wait for the device"
         );
+        reader.join().unwrap();
+        // Taken back: readers wait again until the last hold goes.
+        drop(inner);
+        let (got_in, reader) = reader_gets_in(9);
+        assert!(!got_in, "the lock was not taken back after the wait");
+        drop(outer);
+        reader.join().unwrap();
     }
 }

@@ -17,7 +17,7 @@ use super::{
     copy::{CopyPlan, copy_to_device, copy_to_host, plan_copy},
     error::{CaptureError, capture_as_server_err, launch_err, server_err},
     fence::Fence,
-    memory_lock::lock_of,
+    memory_lock::{self, MemoryHold},
     storage::{GpuResource, GpuStorage, PinnedStagingController},
     stream::ServerStream,
     window::{CapturedGraph, GraphInfo},
@@ -78,9 +78,9 @@ pub struct CudaGraphServer {
     blas: Option<Result<Blas, CaptureError>>,
     /// NCCL communicators this device joined, by key (see `collective.rs`).
     comms: HashMap<u64, Arc<super::nccl::Communicator>>,
-    /// Held through every entry point, so that other threads may read memory handles
-    /// while it is not (see `memory_lock.rs`).
-    memory: &'static parking_lot::ReentrantMutex<()>,
+    /// The device whose memory lock it holds through every entry point, so that other
+    /// threads may read memory handles while it does not (see `memory_lock.rs`).
+    memory_lock: usize,
 }
 
 impl CudaGraphServer {
@@ -90,7 +90,7 @@ impl CudaGraphServer {
         kernels: KernelCache,
         utilities: ServerUtilities<Self>,
     ) -> Self {
-        let memory = lock_of(ctx.ordinal());
+        let memory_lock = ctx.ordinal();
         Self {
             ctx,
             stream,
@@ -103,13 +103,13 @@ impl CudaGraphServer {
             deferred: Vec::new(),
             blas: None,
             comms: HashMap::new(),
-            memory,
+            memory_lock,
         }
     }
 
     /// Holds this device's memory lock for an entry point (see `memory_lock.rs`).
-    pub(crate) fn hold_memory(&self) -> parking_lot::ReentrantMutexGuard<'static, ()> {
-        self.memory.lock()
+    pub(crate) fn hold_memory(&self) -> MemoryHold {
+        memory_lock::hold(self.memory_lock)
     }
 
     /// The context this server runs in.
@@ -414,9 +414,14 @@ impl ComputeServer for CudaGraphServer {
                     }
                     _ => data,
                 };
+                // A copy from pageable memory first waits for the stream's work, so readers
+                // are let in meanwhile (it touches no memory handle).
+                let cu_stream = stream.stream.cu_stream();
                 // SAFETY: `target` covers the tensor; `data` stays alive in the drop queue
                 // until a fence behind this copy.
-                unsafe { copy_to_device(plan, &data, target.ptr, stream.stream.cu_stream())? };
+                memory_lock::waiting_unlocked(|| unsafe {
+                    copy_to_device(plan, &data, target.ptr, cu_stream)
+                })?;
                 stream.release_staging(data);
                 Ok(())
             })();
