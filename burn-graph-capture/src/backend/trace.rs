@@ -340,49 +340,60 @@ impl Tracer {
                 op: record.op,
             });
         }
-        let read = |(key, _): &Input<'_>| -> Option<Slot> {
-            let key = key.as_ref()?;
-            let key = self.stand_ins.get(key).unwrap_or(key);
-            let generation = self.latest.get(key).copied().unwrap_or(0);
-            let slot = Slot::new(key.clone(), generation);
-            (generation > 0 || self.recording.reads_outside(&slot)).then_some(slot)
-        };
-        let reads: Vec<Option<Slot>> = inputs.iter().map(read).collect();
-        if let Some(argument) = (0..traced.inputs.len().max(reads.len()))
-            .find(|&i| reads.get(i).cloned().flatten() != traced.inputs.get(i).cloned().flatten())
-        {
+        if let Some(argument) = self.other_input(&traced.inputs, inputs) {
             return Err(Difference::OtherInput {
                 index,
                 op: record.op,
                 argument,
             });
         }
-        for (slot, (_, tensor)) in reads.iter().zip(inputs) {
+        for (slot, (_, tensor)) in traced.inputs.iter().zip(inputs) {
             if let Some(slot) = slot.as_ref().filter(|slot| slot.generation() == 0) {
                 self.supplied
                     .entry(slot.clone())
                     .or_insert_with(|| tensor.as_value());
             }
         }
-        let outputs: Vec<_> = traced
-            .stand_ins
-            .iter()
-            .map(|stand_in| Arc::clone(&stand_in.value))
-            .collect();
-        let keys: Vec<Option<Key>> = traced
-            .stand_ins
-            .iter()
-            .map(|stand_in| stand_in.key.clone())
-            .collect();
-        for (key, slot) in keys.into_iter().zip(traced.outputs.clone()) {
-            if let (Some(key), Some(slot)) = (key, slot) {
+        let mut outputs = Vec::with_capacity(traced.stand_ins.len());
+        for (stand_in, slot) in traced.stand_ins.iter().zip(&traced.outputs) {
+            outputs.push(Arc::clone(&stand_in.value));
+            if let (Some(key), Some(slot)) = (&stand_in.key, slot) {
                 self.latest.insert(slot.key(), slot.generation());
-                self.stand_ins.insert(key, slot.key());
+                self.stand_ins.insert(key.clone(), slot.key());
             }
         }
         self.next = step + 1;
         self.matched += 1;
         Ok(outputs)
+    }
+
+    /// The first argument that reads another value than the recorded op's `recorded`
+    /// inputs: the same recorded key (a stand-in names the key it stands for) at the same
+    /// generation, where generation 0 is a read from outside the step.
+    fn other_input(&self, recorded: &[Option<Slot>], inputs: &[Input<'_>]) -> Option<usize> {
+        let now = |key: &Key| -> (Key, u32) {
+            let key = self.stand_ins.get(key).unwrap_or(key);
+            (key.clone(), self.latest.get(key).copied().unwrap_or(0))
+        };
+        let mismatch = |argument: usize| -> bool {
+            let read = inputs.get(argument).and_then(|(key, _)| key.as_ref());
+            match (recorded.get(argument).and_then(Option::as_ref), read) {
+                // The common case, without building the read's slot.
+                (Some(slot), Some(key)) => {
+                    let key = self.stand_ins.get(key).unwrap_or(key);
+                    !slot.is(key, self.latest.get(key).copied().unwrap_or(0))
+                }
+                // The recording read a value no op of it made nor read from outside (a
+                // tensor without an id): so must the step.
+                (None, Some(key)) => {
+                    let (key, generation) = now(key);
+                    generation > 0 || self.recording.reads_outside(&Slot::new(key, 0))
+                }
+                (Some(_), None) => true,
+                (None, None) => false,
+            }
+        };
+        (0..recorded.len().max(inputs.len())).find(|&argument| mismatch(argument))
     }
 
     /// Stops matching at the current op: the recorded ops matched so far compute, and

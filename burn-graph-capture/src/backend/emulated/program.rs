@@ -230,6 +230,11 @@ impl Slot {
         (self.allocation.clone(), self.view)
     }
 
+    /// Whether it is `key` at `generation`, without cloning the key.
+    pub(crate) fn is(&self, key: &Key, generation: u32) -> bool {
+        self.generation == generation && self.view == key.1 && self.allocation == key.0
+    }
+
     /// How many ops had produced its key.
     pub(crate) fn generation(&self) -> u32 {
         self.generation
