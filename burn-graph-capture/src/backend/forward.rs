@@ -217,7 +217,7 @@ macro_rules! forward_ops {
             let mut keys = Vec::new();
             $(forward_ops!(@trace_keys $kind, keys, $arg);)*
             if let Some(outputs) =
-                $crate::backend::trace::matched(&$rec.op_record(op), *$breaker, &keys)
+                $crate::backend::trace::matched(op, $rec, *$breaker, &keys)
             {
                 return forward_ops!(@hand_out $ret_kind, outputs);
             }

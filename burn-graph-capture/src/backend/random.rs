@@ -57,14 +57,15 @@ pub(crate) fn float_random<B: GraphBackend>(
             });
         }
         // What a trace matches: the state read, the draw's index and what it draws.
-        let record = || {
+        let recorder = || {
             let mut rec = trace::recorder();
             rec.tensor(&state);
             rec.attr(&(draw, &shape, distribution, dtype));
-            rec.op_record("float_random")
+            rec
         };
         if trace::active()
-            && let Some(drawn) = trace::matched(&record(), None, &[trace::input(&state)])
+            && let Some(drawn) =
+                trace::matched("float_random", &recorder(), None, &[trace::input(&state)])
         {
             return trace::hand_out(&drawn, 0);
         }
@@ -74,7 +75,7 @@ pub(crate) fn float_random<B: GraphBackend>(
             let read = program::input("float_random", &state);
             let slot = program::output("float_random", &drawn);
             let stand_in = StandInValue::of(&drawn).map(|s| vec![s]);
-            let record = record();
+            let record = recorder().op_record("float_random");
             program::push_traced(
                 "float_random",
                 Box::new(move |env| {

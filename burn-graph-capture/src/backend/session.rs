@@ -374,6 +374,16 @@ impl OpRecorder {
         self.attrs.write_u8(0xff);
     }
 
+    /// The shapes and dtypes of the op's tensor inputs so far, in argument order.
+    pub(crate) fn inputs(&self) -> &[TensorSig] {
+        &self.inputs
+    }
+
+    /// The hash of the op's other arguments so far (`OpRecord::attrs`).
+    pub(crate) fn attrs(&self) -> u64 {
+        self.attrs.clone().finish()
+    }
+
     /// The op as a session records it: a trace compares it with the graph's.
     pub(crate) fn op_record(&self, op: &'static str) -> OpRecord {
         OpRecord {

@@ -240,7 +240,8 @@ where
 /// place with the same inputs, else `None` (the trace then stopped matching, the
 /// recorded ops before it computed, and the op runs).
 pub(crate) fn matched(
-    record: &OpRecord,
+    op: &'static str,
+    record: &OpRecorder,
     breaker: Option<BreakerKind>,
     inputs: &[Input<'_>],
 ) -> Option<Vec<Value>> {
@@ -250,7 +251,7 @@ pub(crate) fn matched(
         if tracer.diverged.is_some() {
             return None;
         }
-        match tracer.compare(record, breaker, inputs) {
+        match tracer.compare(op, record, breaker, inputs) {
             Ok(outputs) => Some(outputs),
             Err(change) => {
                 if let Err(failed) = tracer.diverge(change) {
@@ -296,16 +297,17 @@ pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
 }
 
 impl Tracer {
-    /// The stand-ins of the next recorded op, if `record` and `inputs` are its.
+    /// The stand-ins of the next recorded op, if `op`, `record` and `inputs` are its.
     fn compare(
         &mut self,
-        record: &OpRecord,
+        op: &'static str,
+        record: &OpRecorder,
         breaker: Option<BreakerKind>,
         inputs: &[Input<'_>],
     ) -> Result<Vec<Value>, Difference> {
         let index = self.matched;
         if let Some(kind) = breaker {
-            return Err(Difference::Breaker(CaptureBreaker::new(kind, record.op)));
+            return Err(Difference::Breaker(CaptureBreaker::new(kind, op)));
         }
         let mut step = self.next;
         let traced = loop {
@@ -321,29 +323,23 @@ impl Tracer {
             }
         };
         let recorded = &traced.record;
-        if recorded.op != record.op {
+        if recorded.op != op {
             return Err(Difference::OtherOp {
                 index,
                 graph: recorded.op,
-                step: record.op,
+                step: op,
             });
         }
-        if recorded.inputs != record.inputs {
-            return Err(Difference::InputShapes {
-                index,
-                op: record.op,
-            });
+        if recorded.inputs != record.inputs() {
+            return Err(Difference::InputShapes { index, op });
         }
-        if recorded.attrs != record.attrs {
-            return Err(Difference::HostValues {
-                index,
-                op: record.op,
-            });
+        if recorded.attrs != record.attrs() {
+            return Err(Difference::HostValues { index, op });
         }
         if let Some(argument) = self.other_input(&traced.inputs, inputs) {
             return Err(Difference::OtherInput {
                 index,
-                op: record.op,
+                op,
                 argument,
             });
         }
