@@ -120,8 +120,13 @@ mod tests {
 
     use super::*;
 
-    /// Whether a reader on another thread gets device `index`'s lock within 50 ms.
-    fn reader_gets_in(index: usize) -> (bool, thread::JoinHandle<()>) {
+    /// Long enough for a reader to get in on a loaded machine.
+    const LET_IN: Duration = Duration::from_secs(10);
+    /// Long enough to see a reader kept out.
+    const KEPT_OUT: Duration = Duration::from_millis(50);
+
+    /// Whether a reader on another thread gets device `index`'s lock within `within`.
+    fn reader_gets_in(index: usize, within: Duration) -> (bool, thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let reader = thread::spawn(move || {
             // The receiver is gone where the reader was kept out.
@@ -129,7 +134,7 @@ mod tests {
                 let _ = tx.send(());
             })
         });
-        let got_in = rx.recv_timeout(Duration::from_millis(50)).is_ok();
+        let got_in = rx.recv_timeout(within).is_ok();
         (got_in, reader)
     }
 
@@ -141,13 +146,13 @@ mod tests {
         // Nested holds on the holder's thread do not block, and the lock stays taken
         // until the last one goes.
         assert_eq!(memory_at_rest(5, || 7), 7);
-        let (got_in, reader) = reader_gets_in(5);
+        let (got_in, reader) = reader_gets_in(5, KEPT_OUT);
         assert!(!got_in, "a reader ran while the server held the lock");
         drop(outer);
         reader.join().unwrap();
         // Another device's readers do not wait.
         let _other = hold(6);
-        let (got_in, reader) = reader_gets_in(7);
+        let (got_in, reader) = reader_gets_in(7, LET_IN);
         assert!(got_in);
         reader.join().unwrap();
     }
@@ -156,7 +161,7 @@ mod tests {
     fn a_wait_for_the_device_lets_readers_in_and_takes_the_lock_back() {
         let outer = hold(9);
         let inner = hold(9);
-        let (got_in, reader) = waiting_unlocked(|| reader_gets_in(9));
+        let (got_in, reader) = waiting_unlocked(|| reader_gets_in(9, LET_IN));
         assert!(
             got_in,
             "a reader waited on the server's wait for the device"
@@ -164,7 +169,7 @@ mod tests {
         reader.join().unwrap();
         // Taken back: readers wait again until the last hold goes.
         drop(inner);
-        let (got_in, reader) = reader_gets_in(9);
+        let (got_in, reader) = reader_gets_in(9, KEPT_OUT);
         assert!(!got_in, "the lock was not taken back after the wait");
         drop(outer);
         reader.join().unwrap();
