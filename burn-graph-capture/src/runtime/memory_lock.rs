@@ -94,15 +94,23 @@ pub(crate) fn waiting_unlocked<R>(wait: impl FnOnce() -> R) -> R {
         (0..holds.len()).filter(|&index| holds[index] > 0).collect()
     });
     for &index in &held {
-        // SAFETY: this thread holds the lock (its count is above zero); it takes it
-        // back below, before any hold is dropped.
+        // SAFETY: this thread holds the lock (its count is above zero); `Retake` takes
+        // it back before any hold can be dropped, also if `wait` unwinds.
         unsafe { lock_of(index).unlock() };
     }
-    let waited = wait();
-    for &index in &held {
-        lock_of(index).lock();
+    let _retake = Retake(held);
+    wait()
+}
+
+/// Takes back the locks [`waiting_unlocked`] let go, when the wait ends or unwinds.
+struct Retake(Vec<usize>);
+
+impl Drop for Retake {
+    fn drop(&mut self) {
+        for &index in &self.0 {
+            lock_of(index).lock();
+        }
     }
-    waited
 }
 
 /// Runs `read` while the server of device `index` moves no memory: a read of a memory
@@ -154,6 +162,20 @@ mod tests {
         let _other = hold(6);
         let (got_in, reader) = reader_gets_in(7, LET_IN);
         assert!(got_in);
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_wait_that_unwinds_takes_the_lock_back() {
+        let outer = hold(11);
+        let unwound = std::panic::catch_unwind(|| waiting_unlocked(|| panic!("in the wait")));
+        assert!(unwound.is_err());
+        let (got_in, reader) = reader_gets_in(11, KEPT_OUT);
+        assert!(
+            !got_in,
+            "the lock was not taken back after the wait unwound"
+        );
+        drop(outer);
         reader.join().unwrap();
     }
 
