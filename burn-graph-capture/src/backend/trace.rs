@@ -379,8 +379,9 @@ impl Tracer {
                     let key = self.stand_ins.get(key).unwrap_or(key);
                     !slot.is(key, self.latest.get(key).copied().unwrap_or(0))
                 }
-                // The recording read a value no op of it made nor read from outside (a
-                // tensor without an id): so must the step.
+                // The recording named no value here (an input without an id, or a
+                // served draw's generator state): neither may the step read a value the
+                // recording made or read from outside.
                 (None, Some(key)) => {
                     let (key, generation) = now(key);
                     generation > 0 || self.recording.reads_outside(&Slot::new(key, 0))
