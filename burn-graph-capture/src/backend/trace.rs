@@ -367,24 +367,23 @@ impl Tracer {
     /// inputs: the same recorded key (a stand-in names the key it stands for) at the same
     /// generation, where generation 0 is a read from outside the step.
     fn other_input(&self, recorded: &[Option<Slot>], inputs: &[Input<'_>]) -> Option<usize> {
-        let now = |key: &Key| -> (Key, u32) {
-            let key = self.stand_ins.get(key).unwrap_or(key);
-            (key.clone(), self.latest.get(key).copied().unwrap_or(0))
-        };
         let mismatch = |argument: usize| -> bool {
-            let read = inputs.get(argument).and_then(|(key, _)| key.as_ref());
-            match (recorded.get(argument).and_then(Option::as_ref), read) {
-                // The common case, without building the read's slot.
-                (Some(slot), Some(key)) => {
+            // The key the input stands for now, and its generation, without building a
+            // slot.
+            let read = inputs
+                .get(argument)
+                .and_then(|(key, _)| key.as_ref())
+                .map(|key| {
                     let key = self.stand_ins.get(key).unwrap_or(key);
-                    !slot.is(key, self.latest.get(key).copied().unwrap_or(0))
-                }
+                    (key, self.latest.get(key).copied().unwrap_or(0))
+                });
+            match (recorded.get(argument).and_then(Option::as_ref), read) {
+                (Some(slot), Some((key, generation))) => !slot.is(key, generation),
                 // The recording named no value here (an input without an id, or a
                 // served draw's generator state): neither may the step read a value the
                 // recording made or read from outside.
-                (None, Some(key)) => {
-                    let (key, generation) = now(key);
-                    generation > 0 || self.recording.reads_outside(&Slot::new(key, 0))
+                (None, Some((key, generation))) => {
+                    generation > 0 || self.recording.reads_outside(&Slot::new(key.clone(), 0))
                 }
                 (Some(_), None) => true,
                 (None, None) => false,
