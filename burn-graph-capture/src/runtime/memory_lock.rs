@@ -46,6 +46,8 @@ fn lock_of(index: usize) -> &'static RawMutex {
 #[must_use = "the lock is held only while the hold lives"]
 pub(crate) struct MemoryHold {
     index: usize,
+    /// The device's lock, looked up once.
+    lock: &'static RawMutex,
     /// Let go on the thread that took it.
     _thread_bound: PhantomData<*const ()>,
 }
@@ -60,11 +62,13 @@ pub(crate) fn hold(index: usize) -> MemoryHold {
         holds[index] += 1;
         holds[index] == 1
     });
+    let lock = lock_of(index);
     if first {
-        lock_of(index).lock();
+        lock.lock();
     }
     MemoryHold {
         index,
+        lock,
         _thread_bound: PhantomData,
     }
 }
@@ -80,7 +84,7 @@ impl Drop for MemoryHold {
             // SAFETY: this thread took the lock at its first hold, which is still
             // counted until now, and has not let it go since (`waiting_unlocked` takes
             // it back before returning).
-            unsafe { lock_of(self.index).unlock() };
+            unsafe { self.lock.unlock() };
         }
     }
 }
@@ -89,26 +93,29 @@ impl Drop for MemoryHold {
 /// and takes them back after it: readers do not wait for the device through the server.
 /// `wait` must not touch memory handles.
 pub(crate) fn waiting_unlocked<R>(wait: impl FnOnce() -> R) -> R {
-    let held: Vec<usize> = HOLDS.with(|holds| {
+    let held: Vec<&'static RawMutex> = HOLDS.with(|holds| {
         let holds = holds.borrow();
-        (0..holds.len()).filter(|&index| holds[index] > 0).collect()
+        (0..holds.len())
+            .filter(|&index| holds[index] > 0)
+            .map(lock_of)
+            .collect()
     });
-    for &index in &held {
+    for lock in &held {
         // SAFETY: this thread holds the lock (its count is above zero); `Retake` takes
         // it back before any hold can be dropped, also if `wait` unwinds.
-        unsafe { lock_of(index).unlock() };
+        unsafe { lock.unlock() };
     }
     let _retake = Retake(held);
     wait()
 }
 
 /// Takes back the locks [`waiting_unlocked`] let go, when the wait ends or unwinds.
-struct Retake(Vec<usize>);
+struct Retake(Vec<&'static RawMutex>);
 
 impl Drop for Retake {
     fn drop(&mut self) {
-        for &index in &self.0 {
-            lock_of(index).lock();
+        for lock in &self.0 {
+            lock.lock();
         }
     }
 }
