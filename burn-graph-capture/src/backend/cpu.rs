@@ -190,6 +190,16 @@ mod flex {
             Ok(())
         }
 
+        /// Where graphs are emulated: their replays are traced.
+        fn pins_constants() -> bool {
+            EmulatedGraphs::active()
+        }
+
+        fn lies_alike(pin: &AnyTensor<Self>, tensor: &AnyTensor<Self>) -> bool {
+            pin.check_copy_from(tensor).is_ok()
+                && memory::lies_alike(flex(pin), flex(tensor)).is_ok()
+        }
+
         /// The `Arc` a Flex tensor shares its bytes through: held elsewhere while any
         /// other handle has it (an emulated graph keeps only a weak one).
         fn holder(tensor: &AnyTensor<Self>) -> Option<Holder> {

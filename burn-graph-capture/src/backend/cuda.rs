@@ -237,6 +237,15 @@ impl GraphBackend for CudaCube {
         })
     }
 
+    fn pins_constants() -> bool {
+        true
+    }
+
+    fn lies_alike(pin: &AnyTensor<Self>, tensor: &AnyTensor<Self>) -> bool {
+        pin.check_copy_from(tensor).is_ok()
+            && cube(pin).meta.strides() == cube(tensor).meta.strides()
+    }
+
     /// A handle on the tensor's memory: CubeCL counts the handles of an allocation
     /// (one is its pool's own), while graphs retain bindings, which do not count. Once
     /// only the pool's and this one are left, no tensor holds the allocation.

@@ -43,6 +43,10 @@ pub enum GraphError {
         /// The op.
         op: String,
     },
+    /// A tensor meant for a constant's pin (`backend::constant_pin`) is of another kind
+    /// of tensor than the pin.
+    #[error("a constant's pin met a tensor of another kind")]
+    PinKind,
     /// An emulated replay found a value its recording did not keep.
     #[error("emulated replay failed: {0}")]
     EmulatedReplay(String),

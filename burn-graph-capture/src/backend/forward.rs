@@ -50,6 +50,15 @@ macro_rules! forward_ops {
     };
     (@output plain, $rec:ident, $out:ident) => {};
 
+    // While a capture reads constants through pins (`backend::constant_pin`), a
+    // constant argument becomes its pin before anything records it.
+    (@swap tensor, $arg:ident) => { $crate::backend::constant_pin::swap($arg) };
+    (@swap tensors, $arg:ident) => {
+        $arg.into_iter().map($crate::backend::constant_pin::swap).collect::<Vec<_>>()
+    };
+    (@swap opt_tensor, $arg:ident) => { $arg.map($crate::backend::constant_pin::swap) };
+    (@swap $kind:ident, $arg:ident) => { $arg };
+
     (@arg relabel, $arg:ident) => { $crate::backend::relabel::Relabel::to_inner($arg) };
     (@arg $kind:ident, $arg:ident) => { $arg };
 
@@ -245,8 +254,10 @@ macro_rules! forward_ops {
                 fn $name($($arg: $ty),*) -> $ret {
                     // Inputs are recorded before the call, which consumes them.
                     // An op without arguments keeps `()`.
+                    let recording = $crate::backend::session::is_recording();
+                    $(let $arg = if recording { forward_ops!(@swap $kind, $arg) } else { $arg };)*
                     #[allow(clippy::unused_unit)]
-                    let recorder = $crate::backend::session::is_recording().then(|| {
+                    let recorder = recording.then(|| {
                         let mut rec = $crate::backend::trace::recorder();
                         { let _rec = &mut rec; $(forward_ops!(@record $kind, _rec, $arg);)* }
                         let kept = $crate::backend::emulated::program::recording().then(|| {

@@ -115,6 +115,22 @@ pub trait GraphBackend:
         Ok(tensor.fresh_copy())
     }
 
+    /// Whether the captures of this backend read the step's constants through pins
+    /// (`backend::constant_pin`) and its replays are traced, so that a constant is known
+    /// by its place in the step rather than by its allocation: a step that reads another
+    /// tensor there (a target network after a soft update) copies it into the pin. The
+    /// default reads every constant as it is, and a replaced one is a difference.
+    fn pins_constants() -> bool {
+        false
+    }
+
+    /// Whether `tensor` lies as `pin` does (kind, shape, dtype, strides), so that kernels
+    /// read either alike: a constant the capture reads through a pin, and a tensor a trace
+    /// copies into it, must. The default: never.
+    fn lies_alike(_pin: &AnyTensor<Self>, _tensor: &AnyTensor<Self>) -> bool {
+        false
+    }
+
     /// The address of a tensor's storage, where the backend exposes one.
     fn buffer_id(tensor: &AnyTensor<Self>) -> Option<BufferId>;
 

@@ -7,6 +7,7 @@
 mod base;
 #[cfg(feature = "cuda")]
 mod collective;
+pub(crate) mod constant_pin;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cublas;

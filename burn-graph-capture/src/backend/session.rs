@@ -196,12 +196,12 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    /// The primitive kept for `allocation`, if one was, as `T`.
-    pub(crate) fn get<T: 'static>(&self, allocation: &AllocationId) -> Option<&T> {
+    /// The primitive kept for `allocation`, if one was, type-erased.
+    pub(crate) fn get_any(&self, allocation: &AllocationId) -> Option<&(dyn Any + Send + Sync)> {
         self.tensors
             .iter()
             .find(|(id, _)| id == allocation)
-            .and_then(|(_, tensor)| tensor.downcast_ref::<T>())
+            .map(|(_, tensor)| &**tensor)
     }
 }
 
@@ -257,7 +257,7 @@ impl Recording {
 
 /// Whether an open keeping session would keep a read of `allocation`: one it did not
 /// produce or read before, and was not told to skip.
-fn wanted(allocation: &AllocationId) -> bool {
+pub(crate) fn wanted(allocation: &AllocationId) -> bool {
     KEEPING.with(Cell::get) != 0
         && RECORDINGS.with(|recordings| {
             recordings.borrow().iter().any(|(_, recording)| {
@@ -598,21 +598,17 @@ mod tests {
         });
         let recording = session.finish();
         let other = plain.finish();
-        assert!(
-            recording
-                .kept()
-                .get::<Fake>(&AllocationId::unique(1))
-                .is_none()
-        );
+        assert!(recording.kept().get_any(&AllocationId::unique(1)).is_none());
         assert_eq!(
             recording
                 .kept()
-                .get::<Fake>(&AllocationId::unique(2))
+                .get_any(&AllocationId::unique(2))
+                .and_then(|kept| kept.downcast_ref::<Fake>())
                 .unwrap()
                 .0,
             2
         );
-        assert!(other.kept().get::<Fake>(&AllocationId::unique(2)).is_none());
+        assert!(other.kept().get_any(&AllocationId::unique(2)).is_none());
         assert!(!is_recording(), "both sessions closed");
         assert_eq!(KEEPING.with(Cell::get), 0);
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use super::constant_pin::ConstantPin;
 use super::emulated::program::{AsValue, Inner, Key, Slot, Value};
 use super::session::{BreakerKind, CaptureBreaker, OpRecord, OpRecorder};
 
@@ -101,6 +102,8 @@ struct Tracer {
     supplied: FxHashMap<Slot, Value>,
     /// Where the trace stopped matching, once it did.
     diverged: Option<Difference>,
+    /// The graph's constant pins, by the key the recording names each by.
+    pins: FxHashMap<Key, Arc<ConstantPin>>,
 }
 
 /// A graph's recording as traces match it (`GraphBackend::trace_recording`).
@@ -130,8 +133,9 @@ pub(crate) struct Trace {
 }
 
 impl Trace {
-    /// Starts tracing against `recording`; `None` if a trace is already running here.
-    pub(crate) fn begin(recording: &TraceRecording) -> Option<Self> {
+    /// Starts tracing against `recording`, whose graph reads its constants through
+    /// `pins`; `None` if a trace is already running here.
+    pub(crate) fn begin(recording: &TraceRecording, pins: &[Arc<ConstantPin>]) -> Option<Self> {
         if Untraced::active() {
             return None;
         }
@@ -151,6 +155,10 @@ impl Trace {
                 latest: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
                 supplied: FxHashMap::default(),
                 diverged: None,
+                pins: pins
+                    .iter()
+                    .map(|pin| (pin.key().clone(), Arc::clone(pin)))
+                    .collect(),
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -378,7 +386,9 @@ impl Tracer {
                     (key, self.latest.get(key).copied().unwrap_or(0))
                 });
             match (recorded.get(argument).and_then(Option::as_ref), read) {
-                (Some(slot), Some((key, generation))) => !slot.is(key, generation),
+                (Some(slot), Some((key, generation))) => {
+                    !slot.is(key, generation) && !self.takes_pin(slot, &inputs[argument])
+                }
                 // The recording named no value here (an input without an id, or a
                 // served draw's generator state): neither may the step read a value the
                 // recording made or read from outside.
@@ -390,6 +400,27 @@ impl Tracer {
             }
         };
         (0..recorded.len().max(inputs.len())).find(|&argument| mismatch(argument))
+    }
+
+    /// Whether `read`, where the recording read `slot`, is a constant that the pin the
+    /// graph reads there now holds: the tensor it held, or another from outside the step
+    /// that lies alike and was copied in (`ConstantPin::take`). A value of the step, or a
+    /// tensor the recording reads from outside elsewhere (a parameter, a batch input),
+    /// never is.
+    fn takes_pin(&self, slot: &Slot, read: &Input<'_>) -> bool {
+        if self.pins.is_empty() || slot.generation() != 0 {
+            return false;
+        }
+        let (Some(key), tensor) = read else {
+            return false;
+        };
+        let Some(pin) = self.pins.get(&slot.key()) else {
+            return false;
+        };
+        let of_the_step = self.stand_ins.contains_key(key) || self.latest.contains_key(key);
+        !of_the_step
+            && !self.recording.reads_outside(&Slot::new(key.clone(), 0))
+            && pin.take(key, *tensor)
     }
 
     /// Stops matching at the current op: the recorded ops matched so far compute, and

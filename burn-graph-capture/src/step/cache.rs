@@ -19,6 +19,10 @@ pub(crate) struct Observation {
     pub(crate) breakers: Vec<CaptureBreaker>,
     /// Its reads of allocations the trainer does not account for (`guard`).
     pub(crate) unaccounted: Vec<ExternalRead>,
+    /// Whether its constants are known by their place in the step, not by allocation:
+    /// steps whose graphs read them through pins that traced replays fill
+    /// (`GraphBackend::pins_constants`).
+    pub(crate) by_place: bool,
 }
 
 impl Observation {
@@ -34,7 +38,21 @@ impl Observation {
             return Some(FallbackReason::NonStaticControlFlow { first_difference });
         }
         let before = previous.map(|p| p.unaccounted.as_slice());
-        guard::check_constants(before, &self.unaccounted).err()
+        self.constants_after(previous, before).err()
+    }
+
+    /// Whether the reads of this step are constants after `before`, those of `previous`:
+    /// by place where both know them so, else by allocation.
+    fn constants_after(
+        &self,
+        previous: Option<&Observation>,
+        before: Option<&[ExternalRead]>,
+    ) -> Result<(), FallbackReason> {
+        if self.by_place && previous.is_none_or(|previous| previous.by_place) {
+            guard::check_constant_places(before, &self.unaccounted)
+        } else {
+            guard::check_constants(before, &self.unaccounted)
+        }
     }
 
     /// What this step did differently from the graph that recorded `graph`, if
@@ -68,7 +86,7 @@ impl Observation {
                 },
             });
         }
-        match guard::check_constants(Some(&graph.unaccounted), &self.unaccounted) {
+        match self.constants_after(Some(graph), Some(&graph.unaccounted)) {
             Err(FallbackReason::UnlistedInput { op, shape, dtype }) => {
                 Some(StepChange::Read { op, shape, dtype })
             }
@@ -647,6 +665,7 @@ mod tests {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted,
+            by_place: false,
         }
     }
 
@@ -958,6 +977,7 @@ mod tests {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: observed(0, reads).unaccounted,
+            by_place: false,
         };
         let graph = observation(op("float_mul_scalar", 0.5), &[4]);
         let same = observation(op("float_mul_scalar", 0.5), &[4]);

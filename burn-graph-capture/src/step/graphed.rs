@@ -10,7 +10,10 @@
 //! the static input, launch. Every failure leaves the pre-step values in the pinned
 //! buffers, so the step can run eagerly instead, with the reason.
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn_backend::StreamId;
@@ -29,11 +32,12 @@ use super::output::{StepOutput, map_tensors, owned_copy};
 use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, Pins, copy_float};
 use crate::backend::Captured as Window;
+use crate::backend::constant_pin::{self, ConstantPin, PinSlot, Swapping};
 use crate::backend::session::Kept;
-use crate::backend::trace::TraceRecording;
+use crate::backend::trace::{TraceRecording, Untraced};
 use crate::backend::{
-    Allocated, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture, GraphError,
-    Holder, TrainBackend,
+    Allocated, AllocationId, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture,
+    GraphError, Holder, TrainBackend,
 };
 use crate::cause::Cause;
 use crate::optim::CapturableOptimizer;
@@ -50,8 +54,23 @@ pub(crate) struct CapturedStep<G: GraphBackend, T> {
     /// What the recorded step did.
     observation: Observation,
     /// The constants it reads, each with a holder telling whether it is still held
-    /// outside the graph (backends that can tell; `GraphBackend::holder`).
+    /// outside the graph (backends that can tell; `GraphBackend::holder`); a traced
+    /// graph's pinned constants have none.
     constants: Vec<(ExternalRead, Holder)>,
+    /// The pins it reads constants through: each with the tensor it holds where the
+    /// graph is traced (traces fill them), else the pins alone, which keep the values of
+    /// the constants the capture read.
+    pins: ConstantPins,
+}
+
+/// The pins a graph reads its constants through.
+enum ConstantPins {
+    /// Filled by the traces of its replays.
+    Traced(Vec<Arc<ConstantPin>>),
+    /// Kept as the capture filled them: the graph's replays are not traced.
+    Fixed(
+        #[allow(dead_code, reason = "kept for the graph, which reads them")] Vec<Box<dyn PinSlot>>,
+    ),
 }
 
 impl<G: GraphBackend, T> CapturedStep<G, T> {
@@ -65,23 +84,32 @@ impl<G: GraphBackend, T> CapturedStep<G, T> {
     }
 }
 
-/// Holders of the constants `reads` (the recording's unaccounted reads) from the
-/// tensors the capture's session kept.
-fn holders<G: GraphBackend>(reads: &[ExternalRead], kept: &Kept) -> Vec<(ExternalRead, Holder)> {
+/// Holders of the constants `reads` (the recording's unaccounted reads), each tensor
+/// found by `tensor_of` (`None`: no holder).
+fn holders<G: GraphBackend>(
+    reads: &[ExternalRead],
+    tensor_of: impl Fn(&ExternalRead) -> Option<AnyTensor<G>>,
+) -> Vec<(ExternalRead, Holder)> {
     reads
         .iter()
-        .filter_map(|read| {
-            let id = read.allocation.as_ref()?;
-            let tensor = match read.tensor.dtype {
-                DType::Bool(_) => AnyTensor::<G>::Bool(kept.get::<BoolTensor<G>>(id)?.clone()),
-                dtype if dtype.is_float() => {
-                    AnyTensor::Float(kept.get::<FloatTensor<G>>(id)?.clone())
-                }
-                _ => AnyTensor::Int(kept.get::<IntTensor<G>>(id)?.clone()),
-            };
-            Some((read.clone(), G::holder(&tensor)?))
-        })
+        .filter_map(|read| Some((read.clone(), G::holder(&tensor_of(read)?)?)))
         .collect()
+}
+
+/// The tensor of `read` among those a keeping session kept.
+fn kept_tensor<G: GraphBackend>(read: &ExternalRead, kept: &Kept) -> Option<AnyTensor<G>> {
+    as_tensor(read, kept.get_any(read.allocation.as_ref()?)?)
+}
+
+/// A type-erased primitive, as the kind of tensor `read` says it is.
+fn as_tensor<G: GraphBackend>(read: &ExternalRead, value: &dyn Any) -> Option<AnyTensor<G>> {
+    Some(match read.tensor.dtype {
+        DType::Bool(_) => AnyTensor::Bool(value.downcast_ref::<BoolTensor<G>>()?.clone()),
+        dtype if dtype.is_float() => {
+            AnyTensor::Float(value.downcast_ref::<FloatTensor<G>>()?.clone())
+        }
+        _ => AnyTensor::Int(value.downcast_ref::<IntTensor<G>>()?.clone()),
+    })
 }
 
 impl<G: GraphBackend, T> HasObservation for CapturedStep<G, T> {
@@ -173,6 +201,9 @@ pub(crate) struct GraphStats {
 /// the step's output item.
 pub(crate) struct Graphs<G: GraphBackend, T> {
     cache: GraphCache<CapturedStep<G, T>>,
+    /// The constants the rehearsal of each shape read (its last warmup step), in the
+    /// order it first read them: what its capture's constant pins are made from.
+    rehearsed: HashMap<InputKey, Vec<AnyTensor<G>>>,
     /// Parameters and optimizer state at fixed addresses, once a graph needs them.
     pins: Pins<G>,
     /// This step found the pins' layout stale: once the step is accounted for
@@ -188,6 +219,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     pub(crate) fn new(config: &GraphTrainerConfig) -> Self {
         Self {
             cache: GraphCache::new(config.cache_limits()),
+            rehearsed: HashMap::new(),
             pins: Pins::Unpinned,
             rewarm: false,
             max_recaptures: config.max_recaptures,
@@ -257,6 +289,16 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         if std::mem::take(&mut self.rewarm) {
             self.cache.rewarm();
         }
+    }
+
+    /// Keeps the constants that the rehearsal of `key` read (`reads`, found among
+    /// `kept`), for its capture to pin.
+    pub(crate) fn rehearsed(&mut self, key: &InputKey, reads: &[ExternalRead], kept: &Kept) {
+        let constants = reads
+            .iter()
+            .filter_map(|read| kept_tensor::<G>(read, kept))
+            .collect();
+        self.rehearsed.insert(key.clone(), constants);
     }
 
     /// Records a warmup step of `key`; returns the reason if it disabled the shape.
@@ -407,6 +449,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     {
         self.check_pins(cx.learner)?;
         self.ensure_pinned(cx.learner)?;
+        // Constants known by place are read through pins, made (outside the window) from
+        // those the rehearsal read.
+        let by_place = G::pins_constants() && cx.rank.is_none() && !Untraced::active();
+        let rehearsed = self.rehearsed.remove(key).unwrap_or_default();
+        let constant_pins = match by_place {
+            true => constant_pin::pins_for::<G>(rehearsed),
+            false => Vec::new(),
+        };
         let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));
         let static_inputs = pin_inputs(inputs).map_err(shape_error)?;
         let static_batch = on_inputs(batch, &static_inputs);
@@ -421,11 +471,13 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         // (which takes the model): the pins still hold its values, since nothing ran.
         let before = cx.learner.model().clone();
         let session = CaptureSession::begin_keeping(accounted.ids().clone());
+        let swapping = Swapping::begin(constant_pins);
         let caller = StreamId::current();
         let device = cx.device;
         let captured = std::panic::catch_unwind(AssertUnwindSafe(|| {
             G::capture(device, || record_step(cx, &static_batch, pins, caller))
         }));
+        let swapped = swapping.finish();
         let recording = session.finish();
         let captured = match captured {
             Ok(captured) => captured,
@@ -442,18 +494,24 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             Window::Broken { output, error } => (output, Err(error)),
         };
         let kept = recording.kept().clone();
-        let observation = Observation {
+        let mut observation = Observation {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
+            by_place: false,
         };
-        let constants = holders::<G>(&observation.unaccounted, &kept);
-        drop(kept);
         let (outputs, graph) = match (recorded, graph) {
             (Err(refusal), _) => return Err(refusal),
             (Ok(_), Err(error)) => return Err(shape_error(error)),
             (Ok(outputs), Ok(graph)) => (outputs, graph),
         };
+        // The pins take the constants the capture read, before its first launch.
+        for pin in &swapped {
+            pin.fill_from_source().map_err(shape_error)?;
+        }
+        let traced = G::trace_recording(&graph).is_some();
+        let (constants, pins) = constants_of::<G>(&mut observation, &kept, swapped, traced);
+        observation.by_place = by_place && traced;
         let differs = observation.verdict(self.cache.warmed_up(key));
         let step = CapturedStep {
             graph,
@@ -461,6 +519,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
             outputs,
             observation,
             constants,
+            pins,
         };
         match differs {
             None => Ok(Recorded::Graph(step)),
@@ -520,10 +579,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 
     /// What a trace of `key`'s step matches, with the batch inputs its graph reads (the
-    /// trace runs the closure on them, as the capture did), where the graph has one.
-    pub(crate) fn trace_of(&self, key: &InputKey) -> Option<(TraceRecording, Vec<AnyTensor<G>>)> {
+    /// trace runs the closure on them, as the capture did) and the pins it reads
+    /// constants through, where the graph has one.
+    pub(crate) fn trace_of(&self, key: &InputKey) -> Option<TraceOf<G>> {
         let step = self.cache.graph(key)?;
-        Some((G::trace_recording(&step.graph)?, step.inputs.clone()))
+        let pins = match &step.pins {
+            ConstantPins::Traced(pins) => pins.clone(),
+            ConstantPins::Fixed(_) => Vec::new(),
+        };
+        Some((G::trace_recording(&step.graph)?, step.inputs.clone(), pins))
     }
 
     /// Puts the learner back on the pins without copying: after a trace that matched (it
@@ -698,6 +762,47 @@ where
     Ok(map_tensors(&item, |tensor| {
         AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
     }))
+}
+
+/// What a trace of a graph matches: its recording, its batch inputs, its constant pins.
+pub(crate) type TraceOf<G> = (TraceRecording, Vec<AnyTensor<G>>, Vec<Arc<ConstantPin>>);
+
+/// The holders of a capture's constants and the pins it read them through. A pinned
+/// read is named by the constant it stood for. A traced graph's pins are filled by its
+/// traces, and its pinned constants need no holders; an untraced graph's keep what the
+/// capture read, and its constants are held as unpinned ones are.
+fn constants_of<G: GraphBackend>(
+    observation: &mut Observation,
+    kept: &Kept,
+    swapped: Vec<ConstantPin>,
+    traced: bool,
+) -> (Vec<(ExternalRead, Holder)>, ConstantPins) {
+    let by_pin: HashMap<AllocationId, &ConstantPin> = swapped
+        .iter()
+        .map(|pin| (pin.key().0.clone(), pin))
+        .collect();
+    let mut stood_for = HashMap::new();
+    for read in &mut observation.unaccounted {
+        if let Some(pin) = read.allocation.as_ref().and_then(|id| by_pin.get(id)) {
+            let source = pin.source_allocation();
+            stood_for.insert(source.clone(), *pin);
+            read.allocation = Some(source);
+        }
+    }
+    let constants = holders::<G>(&observation.unaccounted, |read| {
+        let id = read.allocation.as_ref()?;
+        match stood_for.get(id) {
+            Some(_) if traced => None,
+            Some(pin) => as_tensor(read, &*pin.source()),
+            None => kept_tensor(read, kept),
+        }
+    });
+    drop((by_pin, stood_for));
+    let pins = match traced {
+        true => ConstantPins::Traced(swapped.into_iter().map(Arc::new).collect()),
+        false => ConstantPins::Fixed(swapped.into_iter().map(ConstantPin::into_slot).collect()),
+    };
+    (constants, pins)
 }
 
 /// A layout difference runs this step eagerly with `LayoutChanged`; any other error

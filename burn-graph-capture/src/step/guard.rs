@@ -98,6 +98,31 @@ pub(crate) fn check_constants(
     }
 }
 
+/// [`check_constants`] for constants known by place (read through pins that traces
+/// fill): the same number of reads, each by the same op, of the same shape and dtype, in
+/// the same order; their allocations may differ. A read whose allocation cannot be named
+/// is never a constant.
+pub(crate) fn check_constant_places(
+    previous: Option<&[ExternalRead]>,
+    current: &[ExternalRead],
+) -> Result<(), FallbackReason> {
+    if let Some(read) = current.iter().find(|read| read.allocation.is_none()) {
+        return Err(unlisted(read));
+    }
+    let Some(previous) = previous else {
+        return Ok(());
+    };
+    let differs = |(before, now): &(&ExternalRead, &ExternalRead)| {
+        before.op != now.op || before.tensor != now.tensor
+    };
+    match previous.iter().zip(current).find(differs) {
+        Some((_, now)) => Err(unlisted(now)),
+        None if current.len() > previous.len() => Err(unlisted(&current[previous.len()])),
+        None if previous.len() > current.len() => Err(unlisted(&previous[current.len()])),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use burn::tensor::{DType, Shape};
@@ -157,6 +182,29 @@ mod tests {
         let before = [read(Some(5), "a"), read(Some(6), "gone")];
         let reason = check_constants(Some(&before), &[read(Some(5), "a")]).unwrap_err();
         assert!(matches!(reason, FallbackReason::UnlistedInput { op, .. } if op == "gone"));
+    }
+
+    #[test]
+    fn by_place_a_constant_may_be_another_allocation_of_the_same_read() {
+        let before = [read(Some(5), "a"), read(Some(6), "b")];
+        assert_eq!(
+            check_constant_places(Some(&before), &[read(Some(7), "a"), read(Some(8), "b")]),
+            Ok(())
+        );
+        // By allocation the same steps differ.
+        assert!(check_constants(Some(&before), &[read(Some(7), "a"), read(Some(8), "b")]).is_err());
+    }
+
+    #[test]
+    fn by_place_another_reader_or_count_of_reads_differs() {
+        let before = [read(Some(5), "a"), read(Some(6), "b")];
+        let other_op =
+            check_constant_places(Some(&before), &[read(Some(5), "a"), read(Some(6), "c")]);
+        assert!(matches!(other_op, Err(FallbackReason::UnlistedInput { op, .. }) if op == "c"));
+        let fewer = check_constant_places(Some(&before), &[read(Some(5), "a")]);
+        assert!(matches!(fewer, Err(FallbackReason::UnlistedInput { op, .. }) if op == "b"));
+        let unnamed = check_constant_places(None, &[read(None, "d")]);
+        assert!(matches!(unnamed, Err(FallbackReason::UnlistedInput { op, .. }) if op == "d"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{Trace, Traced, Unfilled};
+use crate::backend::trace::{Trace, Traced, Unfilled, Untraced};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -243,9 +243,10 @@ where
                 let (output, observed) = match rehearsal {
                     Some(pinned) => {
                         self.register_buffers();
-                        self.observed_step(&on_inputs(&batch, &pinned), &pinned, true)?
+                        let batch = on_inputs(&batch, &pinned);
+                        self.observed_step(&batch, &pinned, true, Some(&key))?
                     }
-                    None => self.observed_step(&batch, &inputs, false)?,
+                    None => self.observed_step(&batch, &inputs, false, None)?,
                 };
                 let reason = self.graphs.warmed(&key, observed).or(match plan {
                     Plan::Rewarm(why) => Some(why),
@@ -257,11 +258,11 @@ where
                 )
             }
             Plan::Verify(checking) => {
-                let (output, observed) = self.observed_step(&batch, &inputs, true)?;
+                let (output, observed) = self.observed_step(&batch, &inputs, true, None)?;
                 let reason = self.graphs.verified(&key, observed);
                 (output, StepMode::Eager(reason.unwrap_or(checking)))
             }
-            Plan::Eager(reason) => (self.eager_step(&batch, false)?.0, StepMode::Eager(reason)),
+            Plan::Eager(reason) => (self.eager_step(&batch, None)?.0, StepMode::Eager(reason)),
             Plan::Capture | Plan::Replay => self.graph_or_eager(&plan, &key, &batch, &inputs)?,
         };
         self.graphs.step_done();
@@ -459,31 +460,51 @@ where
     /// the capture launches under its own stream are compiled before the window. The
     /// warmup steps before run on the caller's stream, as plain eager code does. The
     /// rehearsal then finds every choice tuned, since pins keep the layouts the earlier
-    /// steps had (`backend::layout`).
+    /// steps had (`backend::layout`). The rehearsal of a shape (`rehearsal_of`) keeps
+    /// the constants it read, for its capture's constant pins.
     fn observed_step(
         &mut self,
         batch: &I,
         inputs: &[AnyTensor<G>],
         rehearse: bool,
+        rehearsal_of: Option<&InputKey>,
     ) -> Result<(R::Item, Observation), StepError> {
         let accounted = self
             .graphs
             .owned(&mut self.learner)
             .with(inputs.iter().map(AnyTensor::allocation_id))
             .with([self.random.accounted()]);
+        let by_place = self.constants_by_place();
+        let keeping = rehearsal_of.filter(|_| by_place);
+        let session = || match keeping {
+            Some(_) => CaptureSession::begin_keeping(accounted.ids().clone()),
+            None => CaptureSession::begin(),
+        };
         let device = self.device.clone();
         let (output, recording) = if rehearse {
-            G::rehearse(&device, || self.eager_step(batch, true))?
+            G::rehearse(&device, || self.eager_step(batch, Some(session())))?
         } else {
-            self.eager_step(batch, true)?
+            self.eager_step(batch, Some(session()))?
         };
         let recording = recording.unwrap_or_default();
+        if let Some(key) = keeping {
+            let reads = accounted.unaccounted(recording.reads.clone());
+            self.graphs.rehearsed(key, &reads, recording.kept());
+        }
         let observed = Observation {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
+            by_place,
         };
         Ok((output, observed))
+    }
+
+    /// Whether this trainer's graphs read constants through pins that traces fill, so
+    /// that its steps know constants by place (`GraphBackend::pins_constants`): not
+    /// where replays are untraced (data-parallel ranks, `Untraced`).
+    fn constants_by_place(&self) -> bool {
+        G::pins_constants() && self.rank.is_none() && !Untraced::active()
     }
 
     /// Runs a graph step, or the step eagerly with the reason the graph step failed.
@@ -513,7 +534,7 @@ where
             Ok(done) => return Ok(done),
             Err(fallback) => self.absorb(fallback, key)?,
         };
-        let (output, _) = self.eager_step(batch, false)?;
+        let (output, _) = self.eager_step(batch, None)?;
         Ok((output, StepMode::Eager(reason)))
     }
 
@@ -554,10 +575,10 @@ where
         key: &InputKey,
         batch: &I,
     ) -> Result<Option<(R::Item, StepMode)>, Fallback> {
-        let Some((recording, static_inputs)) = self.graphs.trace_of(key) else {
+        let Some((recording, static_inputs, pins)) = self.graphs.trace_of(key) else {
             return Ok(None);
         };
-        let Some(trace) = Trace::begin(&recording) else {
+        let Some(trace) = Trace::begin(&recording, &pins) else {
             return Ok(None);
         };
         let started = Instant::now();
@@ -630,14 +651,13 @@ where
         Ok(reason)
     }
 
-    /// One eager optimizer step, optionally recorded; its results are written into the
-    /// pinned buffers where there are any.
+    /// One eager optimizer step, recorded by `session` if given; its results are
+    /// written into the pinned buffers where there are any.
     fn eager_step(
         &mut self,
         batch: &I,
-        record: bool,
+        session: Option<CaptureSession>,
     ) -> Result<(R::Item, Option<Recording>), StepError> {
-        let session = record.then(CaptureSession::begin);
         let (_, mut cx) = self.parts();
         // A panic in the closure leaves the peers inside the step's collectives.
         let unwinding = cx.rank.cloned().map(FailOnUnwind);

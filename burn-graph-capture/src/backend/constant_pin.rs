@@ -1,0 +1,296 @@
+//! Pins for the tensors a traced graph reads as constants.
+//!
+//! A graph reads each tensor from outside the step at the address it had at capture. A
+//! constant the loop replaces (a target network after a soft update, a mask rebuilt, a
+//! tensor the batch does not list) would be a difference at every trace, and its shape
+//! would warm up and capture again. Instead the capture reads each constant through a
+//! pin of its own: the k-th constant the step reads is swapped for a pin made from the
+//! k-th constant the rehearsal (the last warmup step) read, where both lie alike, and
+//! the pin takes the captured tensor's values once the window closed. A trace that meets
+//! another tensor of the same shape, dtype and layout at a pin's place copies it into the
+//! pin before the launch. A pin keeps a handle on the tensor whose values it holds, so
+//! that this tensor cannot change in place (or its id be reused) while it is the source.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use burn_backend::TensorMetadata;
+use rustc_hash::FxHashMap;
+
+use super::emulated::program::{AsValue, Key, Value, key_of};
+use super::identity::{Allocated, AllocationId};
+use super::{AnyTensor, GraphBackend, GraphError};
+
+/// A pin of one backend, type-erased: sessions and traces are shared by every backend.
+pub(crate) trait PinSlot: Send + Sync {
+    /// The pin, as an op's argument (the inner backend's primitive).
+    fn pin(&self) -> Value;
+    /// Whether `tensor` (a primitive) lies as the pin does, so that ops read either alike.
+    fn alike(&self, tensor: &dyn Any) -> bool;
+    /// Copies `tensor` into the pin, on the stream, ahead of the next launch.
+    fn fill(&self, tensor: &dyn Any) -> Result<(), GraphError>;
+}
+
+/// A pin of backend `G`.
+struct Pin<G: GraphBackend>(AnyTensor<G>);
+
+impl<G: GraphBackend> Pin<G> {
+    /// `tensor` as a tensor of the pin's kind.
+    fn of_kind(&self, tensor: &dyn Any) -> Option<AnyTensor<G>> {
+        Some(match self.0 {
+            AnyTensor::Float(_) => {
+                AnyTensor::Float(tensor.downcast_ref::<G::FloatTensorPrimitive>()?.clone())
+            }
+            AnyTensor::Int(_) => {
+                AnyTensor::Int(tensor.downcast_ref::<G::IntTensorPrimitive>()?.clone())
+            }
+            AnyTensor::Bool(_) => {
+                AnyTensor::Bool(tensor.downcast_ref::<G::BoolTensorPrimitive>()?.clone())
+            }
+        })
+    }
+}
+
+impl<G: GraphBackend> PinSlot for Pin<G> {
+    fn pin(&self) -> Value {
+        match &self.0 {
+            AnyTensor::Float(tensor) => tensor.as_value(),
+            AnyTensor::Int(tensor) => tensor.as_value(),
+            AnyTensor::Bool(tensor) => tensor.as_value(),
+        }
+    }
+
+    fn alike(&self, tensor: &dyn Any) -> bool {
+        self.of_kind(tensor)
+            .is_some_and(|tensor| G::lies_alike(&self.0, &tensor))
+    }
+
+    fn fill(&self, tensor: &dyn Any) -> Result<(), GraphError> {
+        let tensor = self.of_kind(tensor).ok_or(GraphError::PinKind)?;
+        G::copy_into(&self.0, &tensor)
+    }
+}
+
+/// A pin for each constant `rehearsed` (in the order the rehearsal first read them),
+/// copied as it lies; `None` where one cannot be pinned.
+pub(crate) fn pins_for<G: GraphBackend>(
+    rehearsed: Vec<AnyTensor<G>>,
+) -> Vec<Option<Box<dyn PinSlot>>> {
+    rehearsed
+        .into_iter()
+        .map(|tensor| {
+            let pin = G::pin_input(tensor).ok()?;
+            Some(Box::new(Pin(pin)) as Box<dyn PinSlot>)
+        })
+        .collect()
+}
+
+/// A pin a graph reads in place of a constant, with the tensor whose values it holds.
+pub(crate) struct ConstantPin {
+    slot: Box<dyn PinSlot>,
+    /// The pin's key, as the graph's recording names the value.
+    key: Key,
+    /// The key of the tensor whose values the pin holds, and a handle on that tensor.
+    source: Mutex<(Key, Value)>,
+}
+
+impl std::fmt::Debug for ConstantPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstantPin")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl ConstantPin {
+    /// The pin's key in the recording.
+    pub(crate) fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The tensor whose values the pin holds: its key and a handle on it. (Nothing
+    /// panics while it is locked; a poisoned lock's value is whole.)
+    fn held(&self) -> MutexGuard<'_, (Key, Value)> {
+        self.source.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The allocation of the tensor whose values the pin holds.
+    pub(crate) fn source_allocation(&self) -> AllocationId {
+        self.held().0.0.clone()
+    }
+
+    /// The tensor whose values the pin holds (a primitive).
+    pub(crate) fn source(&self) -> Value {
+        Arc::clone(&self.held().1)
+    }
+
+    /// Copies the tensor it stands for into the pin: after the capture's window, before
+    /// its first launch.
+    pub(crate) fn fill_from_source(&self) -> Result<(), GraphError> {
+        let source = self.source();
+        self.slot.fill(&*source)
+    }
+
+    /// The pin alone, for a graph whose replays are not traced: it keeps the values the
+    /// capture filled it with, and no handle on their tensor.
+    pub(crate) fn into_slot(self) -> Box<dyn PinSlot> {
+        self.slot
+    }
+
+    /// Whether the pin holds the values of `tensor` (of key `key`) for the next launch:
+    /// it already does, or `tensor` lies alike and was copied in now.
+    pub(crate) fn take(&self, key: &Key, tensor: &dyn AsValue) -> bool {
+        let mut source = self.held();
+        if source.0 == *key {
+            return true;
+        }
+        let value = tensor.as_value();
+        if !self.slot.alike(&*value) || self.slot.fill(&*value).is_err() {
+            return false;
+        }
+        *source = (key.clone(), value);
+        true
+    }
+}
+
+/// One pin a capture may read, and what it read in its place.
+struct Entry {
+    slot: Option<Box<dyn PinSlot>>,
+    /// The constant the capture read here: its key and a handle on it.
+    source: Option<(Key, Value)>,
+    /// The pin's own key, once swapped in.
+    key: Option<Key>,
+}
+
+/// The pins a capture reads in place of its constants.
+struct Swaps {
+    entries: Vec<Entry>,
+    /// The entry of each constant's allocation, in the order the step first read them.
+    by_allocation: FxHashMap<AllocationId, usize>,
+}
+
+thread_local! {
+    static SWAPS: RefCell<Option<Swaps>> = const { RefCell::new(None) };
+    static SWAPPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Constants read through pins on this thread until [`finish`](Self::finish).
+#[must_use = "constants are swapped only while the guard lives"]
+pub(crate) struct Swapping {
+    _thread_bound: std::marker::PhantomData<*const ()>,
+}
+
+impl Swapping {
+    /// Swaps the constants a capture reads for `pins`, by the order of first reads.
+    pub(crate) fn begin(pins: Vec<Option<Box<dyn PinSlot>>>) -> Self {
+        let entries = pins
+            .into_iter()
+            .map(|slot| Entry {
+                slot,
+                source: None,
+                key: None,
+            })
+            .collect();
+        SWAPS.with(|swaps| {
+            *swaps.borrow_mut() = Some(Swaps {
+                entries,
+                by_allocation: FxHashMap::default(),
+            })
+        });
+        SWAPPING.with(|swapping| swapping.set(true));
+        Self {
+            _thread_bound: std::marker::PhantomData,
+        }
+    }
+
+    /// The pins the capture read, each holding (once the caller fills it) the constant it
+    /// stood for.
+    pub(crate) fn finish(self) -> Vec<ConstantPin> {
+        let swaps = SWAPS.with(|swaps| swaps.borrow_mut().take());
+        drop(self);
+        let Some(swaps) = swaps else {
+            return Vec::new();
+        };
+        swaps
+            .entries
+            .into_iter()
+            .filter_map(|entry| {
+                Some(ConstantPin {
+                    key: entry.key?,
+                    source: Mutex::new(entry.source?),
+                    slot: entry.slot?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Swapping {
+    fn drop(&mut self) {
+        SWAPPING.with(|swapping| swapping.set(false));
+        SWAPS.with(|swaps| swaps.borrow_mut().take());
+    }
+}
+
+/// `tensor`, or the pin the capture reads in its place where it is a constant (a first
+/// read, from outside the step, of an allocation the trainer does not account for) that
+/// lies as its pin does. Another view of an allocation already swapped is read as it is.
+pub(crate) fn swap<T>(tensor: T) -> T
+where
+    T: TensorMetadata + Allocated + Clone + Send + Sync + 'static,
+{
+    if !SWAPPING.with(Cell::get) {
+        return tensor;
+    }
+    SWAPS.with(|swaps| match swaps.borrow_mut().as_mut() {
+        Some(swaps) => swaps.swap(tensor),
+        None => tensor,
+    })
+}
+
+impl Swaps {
+    fn swap<T>(&mut self, tensor: T) -> T
+    where
+        T: TensorMetadata + Allocated + Clone + Send + Sync + 'static,
+    {
+        let Some(allocation) = tensor.allocation_id() else {
+            return tensor;
+        };
+        let index = match self.by_allocation.get(&allocation) {
+            Some(&index) => index,
+            None if super::session::wanted(&allocation) => {
+                let index = self.by_allocation.len();
+                self.by_allocation.insert(allocation, index);
+                index
+            }
+            None => return tensor,
+        };
+        let Some(entry) = self.entries.get_mut(index) else {
+            return tensor;
+        };
+        let Some(slot) = &entry.slot else {
+            return tensor;
+        };
+        let Some(key) = key_of(&tensor) else {
+            return tensor;
+        };
+        let pin = slot.pin();
+        let Some(pin) = pin.downcast_ref::<T>().cloned() else {
+            return tensor;
+        };
+        match &entry.source {
+            Some((source, _)) if *source != key => return tensor,
+            Some(_) => {}
+            None if slot.alike(&tensor) => {
+                let Some(pin_key) = key_of(&pin) else {
+                    return tensor;
+                };
+                entry.key = Some(pin_key);
+                entry.source = Some((key, tensor.as_value()));
+            }
+            None => return tensor,
+        }
+        pin
+    }
+}
