@@ -294,3 +294,148 @@ impl Swaps {
         pin
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use burn_backend::TensorMetadata;
+    use burn_backend::{DType, Shape};
+
+    use super::*;
+    use crate::backend::session::CaptureSession;
+
+    /// A tensor: its allocation and its length (what "lies alike" compares here).
+    #[derive(Clone, Debug, PartialEq)]
+    struct Fake {
+        allocation: u64,
+        len: usize,
+    }
+
+    impl Allocated for Fake {
+        fn allocation_id(&self) -> Option<AllocationId> {
+            Some(AllocationId::unique(self.allocation))
+        }
+    }
+
+    impl TensorMetadata for Fake {
+        fn dtype(&self) -> DType {
+            DType::F32
+        }
+        fn shape(&self) -> Shape {
+            Shape::new([self.len])
+        }
+        fn rank(&self) -> usize {
+            1
+        }
+    }
+
+    fn fake(allocation: u64, len: usize) -> Fake {
+        Fake { allocation, len }
+    }
+
+    /// A pin that counts what was copied into it.
+    struct FakePin {
+        pin: Fake,
+        fills: Arc<AtomicUsize>,
+    }
+
+    impl PinSlot for FakePin {
+        fn pin(&self) -> Value {
+            Arc::new(self.pin.clone())
+        }
+        fn alike(&self, tensor: &dyn Any) -> bool {
+            tensor
+                .downcast_ref::<Fake>()
+                .is_some_and(|t| t.len == self.pin.len)
+        }
+        fn fill(&self, _tensor: &dyn Any) -> Result<(), GraphError> {
+            self.fills.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn pin(allocation: u64, len: usize, fills: &Arc<AtomicUsize>) -> Option<Box<dyn PinSlot>> {
+        Some(Box::new(FakePin {
+            pin: fake(allocation, len),
+            fills: Arc::clone(fills),
+        }))
+    }
+
+    #[test]
+    fn a_capture_reads_its_constants_through_pins_that_lie_alike() {
+        let fills = Arc::new(AtomicUsize::new(0));
+        // Allocation 1 is the trainer's own (skipped): never a constant.
+        let session = CaptureSession::begin_keeping(HashSet::from([AllocationId::unique(1)]));
+        let swapping = Swapping::begin(vec![pin(100, 4, &fills), pin(101, 4, &fills)]);
+        assert_eq!(
+            swap(fake(1, 4)),
+            fake(1, 4),
+            "an accounted tensor is read as it is"
+        );
+        assert_eq!(
+            swap(fake(7, 4)),
+            fake(100, 4),
+            "the first constant, its pin"
+        );
+        assert_eq!(swap(fake(7, 4)), fake(100, 4), "read again: the same pin");
+        assert_eq!(swap(fake(8, 2)), fake(8, 2), "lies otherwise than its pin");
+        let pins = swapping.finish();
+        drop(session);
+        assert_eq!(
+            swap(fake(9, 4)),
+            fake(9, 4),
+            "nothing is swapped after the capture"
+        );
+        assert_eq!(pins.len(), 1, "only the pin the capture read is kept");
+        let pin = &pins[0];
+        assert_eq!(pin.key(), &key_of(&fake(100, 4)).unwrap());
+        assert_eq!(pin.source_allocation(), AllocationId::unique(7));
+        assert_eq!(
+            fills.load(Ordering::SeqCst),
+            0,
+            "filled by the caller, after the window"
+        );
+        pin.fill_from_source().unwrap();
+        assert_eq!(fills.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_trace_copies_another_constant_alike_into_the_pin_once() {
+        let fills = Arc::new(AtomicUsize::new(0));
+        let session = CaptureSession::begin_keeping(HashSet::new());
+        let swapping = Swapping::begin(vec![pin(100, 4, &fills)]);
+        swap(fake(7, 4));
+        let pins = swapping.finish();
+        drop(session);
+        let pin = &pins[0];
+        let same = fake(7, 4);
+        assert!(
+            pin.take(&key_of(&same).unwrap(), &same),
+            "the tensor it holds"
+        );
+        assert_eq!(fills.load(Ordering::SeqCst), 0, "nothing to copy");
+        let other = fake(8, 4);
+        assert!(
+            pin.take(&key_of(&other).unwrap(), &other),
+            "another alike: copied in"
+        );
+        assert_eq!(fills.load(Ordering::SeqCst), 1);
+        assert_eq!(pin.source_allocation(), AllocationId::unique(8));
+        assert!(pin.take(&key_of(&other).unwrap(), &other), "held now");
+        assert_eq!(fills.load(Ordering::SeqCst), 1);
+        let unlike = fake(9, 2);
+        assert!(
+            !pin.take(&key_of(&unlike).unwrap(), &unlike),
+            "lies otherwise"
+        );
+        assert_eq!(
+            pin.source_allocation(),
+            AllocationId::unique(8),
+            "still holds the last"
+        );
+    }
+}

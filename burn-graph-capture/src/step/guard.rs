@@ -6,7 +6,10 @@
 //! - the trainer's own: a parameter or optimizer-state tensor (pinned, on GPUs);
 //! - listed: a tensor of the batch, which a replay refills before it launches;
 //! - a constant: the same allocation in every warmup step and in the capture. A Burn
-//!   tensor is a value, so the same allocation holds the same contents.
+//!   tensor is a value, so the same allocation holds the same contents. Where graphs
+//!   read constants through pins that traced replays fill (`backend::constant_pin`), a
+//!   constant is known by its place instead: the same op reading the same shape and
+//!   dtype, whichever tensor it is (each trace copies the one it meets into the pin).
 //!
 //! Anything else, such as token ids the batch does not list, would be read by every
 //! replay as the captured step saw it; its shape then stays eager, with the reading op
