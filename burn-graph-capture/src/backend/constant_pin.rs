@@ -19,8 +19,8 @@ use burn_backend::TensorMetadata;
 use rustc_hash::FxHashMap;
 
 use super::emulated::program::{AsValue, Key, Value, key_of};
+use super::error::GraphError;
 use super::identity::{Allocated, AllocationId};
-use super::{AnyTensor, GraphBackend, GraphError};
 
 /// A pin of one backend, type-erased: sessions and traces are shared by every backend.
 pub(crate) trait PinSlot: Send + Sync {
@@ -30,60 +30,6 @@ pub(crate) trait PinSlot: Send + Sync {
     fn alike(&self, tensor: &dyn Any) -> bool;
     /// Copies `tensor` into the pin, on the stream, ahead of the next launch.
     fn fill(&self, tensor: &dyn Any) -> Result<(), GraphError>;
-}
-
-/// A pin of backend `G`.
-struct Pin<G: GraphBackend>(AnyTensor<G>);
-
-impl<G: GraphBackend> Pin<G> {
-    /// `tensor` as a tensor of the pin's kind.
-    fn of_kind(&self, tensor: &dyn Any) -> Option<AnyTensor<G>> {
-        Some(match self.0 {
-            AnyTensor::Float(_) => {
-                AnyTensor::Float(tensor.downcast_ref::<G::FloatTensorPrimitive>()?.clone())
-            }
-            AnyTensor::Int(_) => {
-                AnyTensor::Int(tensor.downcast_ref::<G::IntTensorPrimitive>()?.clone())
-            }
-            AnyTensor::Bool(_) => {
-                AnyTensor::Bool(tensor.downcast_ref::<G::BoolTensorPrimitive>()?.clone())
-            }
-        })
-    }
-}
-
-impl<G: GraphBackend> PinSlot for Pin<G> {
-    fn pin(&self) -> Value {
-        match &self.0 {
-            AnyTensor::Float(tensor) => tensor.as_value(),
-            AnyTensor::Int(tensor) => tensor.as_value(),
-            AnyTensor::Bool(tensor) => tensor.as_value(),
-        }
-    }
-
-    fn alike(&self, tensor: &dyn Any) -> bool {
-        self.of_kind(tensor)
-            .is_some_and(|tensor| G::lies_alike(&self.0, &tensor))
-    }
-
-    fn fill(&self, tensor: &dyn Any) -> Result<(), GraphError> {
-        let tensor = self.of_kind(tensor).ok_or(GraphError::PinKind)?;
-        G::copy_into(&self.0, &tensor)
-    }
-}
-
-/// A pin for each constant `rehearsed` (in the order the rehearsal first read them),
-/// copied as it lies; `None` where one cannot be pinned.
-pub(crate) fn pins_for<G: GraphBackend>(
-    rehearsed: Vec<AnyTensor<G>>,
-) -> Vec<Option<Box<dyn PinSlot>>> {
-    rehearsed
-        .into_iter()
-        .map(|tensor| {
-            let pin = G::pin_input(tensor).ok()?;
-            Some(Box::new(Pin(pin)) as Box<dyn PinSlot>)
-        })
-        .collect()
 }
 
 /// A pin a graph reads in place of a constant, with the tensor whose values it holds.

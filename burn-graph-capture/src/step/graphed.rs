@@ -23,6 +23,7 @@ use burn::tensor::Tensor;
 
 use super::cache::{GraphCache, Observation, Plan, Recorded as HasObservation};
 use super::config::GraphTrainerConfig;
+use super::constant_pins::pins_for;
 use super::error::StepError;
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput};
@@ -32,7 +33,7 @@ use super::output::{StepOutput, map_tensors, owned_copy};
 use super::parallel::{CaptureOutcome, Rank};
 use super::pinning::{Pinned, Pins, copy_float};
 use crate::backend::Captured as Window;
-use crate::backend::constant_pin::{self, ConstantPin, PinSlot, Swapping};
+use crate::backend::constant_pin::{ConstantPin, PinSlot, Swapping};
 use crate::backend::session::Kept;
 use crate::backend::trace::{TraceRecording, Untraced};
 use crate::backend::{
@@ -454,7 +455,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let by_place = G::pins_constants() && cx.rank.is_none() && !Untraced::active();
         let rehearsed = self.rehearsed.remove(key).unwrap_or_default();
         let constant_pins = match by_place {
-            true => constant_pin::pins_for::<G>(rehearsed),
+            true => pins_for::<G>(rehearsed),
             false => Vec::new(),
         };
         let shape_error = |error| Fallback::shape(FallbackReason::Graph(error));

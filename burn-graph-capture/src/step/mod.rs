@@ -7,6 +7,7 @@
 
 mod cache;
 mod config;
+mod constant_pins;
 mod error;
 mod fit;
 mod graphed;
