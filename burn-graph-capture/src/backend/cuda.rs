@@ -237,8 +237,13 @@ impl GraphBackend for CudaCube {
         })
     }
 
+    /// Not yet: with constant pins on, one program of the GPU fuzzer (seed 88: a GRU
+    /// whose step reads a constant the loop refreshes before every step, a model reloaded
+    /// before the capture) trained otherwise than plain code on an H200, for a cause not
+    /// found. Until it is, constants are read as they are and a replaced one is a
+    /// difference, as before; `lies_alike` stays for when they are pinned.
     fn pins_constants() -> bool {
-        true
+        false
     }
 
     fn lies_alike(pin: &AnyTensor<Self>, tensor: &AnyTensor<Self>) -> bool {
