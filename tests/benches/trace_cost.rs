@@ -5,8 +5,9 @@
 //! host work is the same on every stack but for how an input's allocation is named, so
 //! graphs emulated on Flex (`EmulatedGraphs`) measure it here, where a profiler can see
 //! it: MSE and capturable Adam on `FusedLstm` + `Linear` (`fused-lstm`, at b8/t64/h128
-//! unless `B/T/H` is given) or on a two-layer Transformer encoder (`transformer`, h wide,
-//! four heads). Prints the trace's host time per step.
+//! unless `B/T/H` is given), on Burn's `nn::Lstm` + `Linear` (`nn-lstm`, a few ops per
+//! time step) or on a two-layer Transformer encoder (`transformer`, h wide, four heads).
+//! Prints the trace's host time per step.
 //!
 //! `cargo bench -p integration-tests --bench trace_cost [-- MODEL [B/T/H [STEPS]]]`
 
@@ -56,11 +57,15 @@ fn main() {
                 .expect("nn::Lstm converts");
             measure(model, task, [b, t, h], steps);
         }
+        "nn-lstm" => {
+            let model: lstm_example::LstmRegressor<B> = config.init::<B>(&device);
+            measure(model, task, [b, t, h], steps);
+        }
         "transformer" => {
             let model = transformer::TransformerRegressor::<B>::new(config.d_input, h, &device);
             measure(model, task, [b, t, h], steps);
         }
-        other => panic!("no model {other}: fused-lstm or transformer"),
+        other => panic!("no model {other}: fused-lstm, nn-lstm or transformer"),
     }
 }
 
