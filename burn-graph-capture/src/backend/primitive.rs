@@ -1,5 +1,6 @@
 //! A tensor primitive of any kind: what a batch lists and what the trainer pins.
 
+use std::any::Any;
 use std::fmt;
 
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
@@ -54,6 +55,16 @@ impl<B: Backend> AnyTensor<B> {
             AnyTensor::Int(_) => TensorKind::Int,
             AnyTensor::Bool(_) => TensorKind::Bool,
         }
+    }
+
+    /// A type-erased primitive (as sessions and traces keep them) as a tensor of `kind`
+    /// of this backend, if it is one.
+    pub(crate) fn downcast(kind: TensorKind, value: &dyn Any) -> Option<Self> {
+        Some(match kind {
+            TensorKind::Float => AnyTensor::Float(value.downcast_ref::<FloatTensor<B>>()?.clone()),
+            TensorKind::Int => AnyTensor::Int(value.downcast_ref::<IntTensor<B>>()?.clone()),
+            TensorKind::Bool => AnyTensor::Bool(value.downcast_ref::<BoolTensor<B>>()?.clone()),
+        })
     }
 
     /// A copy from `src` into `self` needs one kind, shape and dtype on both sides.

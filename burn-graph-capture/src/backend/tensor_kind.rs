@@ -15,6 +15,17 @@ pub enum TensorKind {
     Bool,
 }
 
+impl TensorKind {
+    /// The kind whose tensors hold `dtype`.
+    pub(crate) fn of_dtype(dtype: burn_backend::DType) -> Self {
+        match dtype {
+            burn_backend::DType::Bool(_) => TensorKind::Bool,
+            dtype if dtype.is_float() => TensorKind::Float,
+            _ => TensorKind::Int,
+        }
+    }
+}
+
 impl fmt::Display for TensorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

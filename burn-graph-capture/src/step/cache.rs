@@ -37,17 +37,13 @@ impl Observation {
         {
             return Some(FallbackReason::NonStaticControlFlow { first_difference });
         }
-        let before = previous.map(|p| p.unaccounted.as_slice());
-        self.constants_after(previous, before).err()
+        self.constants_after(previous).err()
     }
 
-    /// Whether the reads of this step are constants after `before`, those of `previous`:
-    /// by place where both know them so, else by allocation.
-    fn constants_after(
-        &self,
-        previous: Option<&Observation>,
-        before: Option<&[ExternalRead]>,
-    ) -> Result<(), FallbackReason> {
+    /// Whether the reads of this step are constants after those of `previous`: by place
+    /// where both know them so, else by allocation.
+    fn constants_after(&self, previous: Option<&Observation>) -> Result<(), FallbackReason> {
+        let before = previous.map(|previous| previous.unaccounted.as_slice());
         if self.by_place && previous.is_none_or(|previous| previous.by_place) {
             guard::check_constant_places(before, &self.unaccounted)
         } else {
@@ -86,7 +82,7 @@ impl Observation {
                 },
             });
         }
-        match self.constants_after(Some(graph), Some(&graph.unaccounted)) {
+        match self.constants_after(Some(graph)) {
             Err(FallbackReason::UnlistedInput { op, shape, dtype }) => {
                 Some(StepChange::Read { op, shape, dtype })
             }

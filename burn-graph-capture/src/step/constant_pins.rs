@@ -14,17 +14,7 @@ struct Pin<G: GraphBackend>(AnyTensor<G>);
 impl<G: GraphBackend> Pin<G> {
     /// `tensor` as a tensor of the pin's kind.
     fn of_kind(&self, tensor: &dyn Any) -> Option<AnyTensor<G>> {
-        Some(match self.0 {
-            AnyTensor::Float(_) => {
-                AnyTensor::Float(tensor.downcast_ref::<G::FloatTensorPrimitive>()?.clone())
-            }
-            AnyTensor::Int(_) => {
-                AnyTensor::Int(tensor.downcast_ref::<G::IntTensorPrimitive>()?.clone())
-            }
-            AnyTensor::Bool(_) => {
-                AnyTensor::Bool(tensor.downcast_ref::<G::BoolTensorPrimitive>()?.clone())
-            }
-        })
+        AnyTensor::downcast(self.0.kind(), tensor)
     }
 }
 

@@ -38,12 +38,10 @@ use crate::backend::session::Kept;
 use crate::backend::trace::{TraceRecording, Untraced};
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture,
-    GraphError, Holder, TrainBackend,
+    GraphError, Holder, TensorKind, TrainBackend,
 };
 use crate::cause::Cause;
 use crate::optim::CapturableOptimizer;
-use burn::tensor::DType;
-use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 
 /// A graph with the static buffers it reads and writes; `T` is the step's output item.
 pub(crate) struct CapturedStep<G: GraphBackend, T> {
@@ -104,13 +102,7 @@ fn kept_tensor<G: GraphBackend>(read: &ExternalRead, kept: &Kept) -> Option<AnyT
 
 /// A type-erased primitive, as the kind of tensor `read` says it is.
 fn as_tensor<G: GraphBackend>(read: &ExternalRead, value: &dyn Any) -> Option<AnyTensor<G>> {
-    Some(match read.tensor.dtype {
-        DType::Bool(_) => AnyTensor::Bool(value.downcast_ref::<BoolTensor<G>>()?.clone()),
-        dtype if dtype.is_float() => {
-            AnyTensor::Float(value.downcast_ref::<FloatTensor<G>>()?.clone())
-        }
-        _ => AnyTensor::Int(value.downcast_ref::<IntTensor<G>>()?.clone()),
-    })
+    AnyTensor::downcast(TensorKind::of_dtype(read.tensor.dtype), value)
 }
 
 impl<G: GraphBackend, T> HasObservation for CapturedStep<G, T> {
@@ -452,7 +444,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.ensure_pinned(cx.learner)?;
         // Constants known by place are read through pins, made (outside the window) from
         // those the rehearsal read.
-        let by_place = G::pins_constants() && cx.rank.is_none() && !Untraced::active();
+        let by_place = constants_by_place::<G>(cx.rank.is_some());
         let rehearsed = self.rehearsed.remove(key).unwrap_or_default();
         let constant_pins = match by_place {
             true => pins_for::<G>(rehearsed),
@@ -763,6 +755,13 @@ where
     Ok(map_tensors(&item, |tensor| {
         AnyTensor::from_inner(G::hand_over(tensor.into_inner(), caller))
     }))
+}
+
+/// Whether a trainer's steps know constants by place, its graphs reading them through
+/// pins that traces fill (`GraphBackend::pins_constants`): not where replays are
+/// untraced (data-parallel ranks, `Untraced`).
+pub(crate) fn constants_by_place<G: GraphBackend>(data_parallel: bool) -> bool {
+    G::pins_constants() && !data_parallel && !Untraced::active()
 }
 
 /// What a trace of a graph matches: its recording, its batch inputs, its constant pins.

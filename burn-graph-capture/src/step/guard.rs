@@ -75,10 +75,7 @@ pub(crate) fn check_constants(
     previous: Option<&[ExternalRead]>,
     current: &[ExternalRead],
 ) -> Result<(), FallbackReason> {
-    if let Some(read) = current.iter().find(|read| read.allocation.is_none()) {
-        return Err(unlisted(read));
-    }
-    let Some(previous) = previous else {
+    let Some(previous) = named(previous, current)? else {
         return Ok(());
     };
     let ids = |reads: &[ExternalRead]| -> HashSet<AllocationId> {
@@ -109,10 +106,7 @@ pub(crate) fn check_constant_places(
     previous: Option<&[ExternalRead]>,
     current: &[ExternalRead],
 ) -> Result<(), FallbackReason> {
-    if let Some(read) = current.iter().find(|read| read.allocation.is_none()) {
-        return Err(unlisted(read));
-    }
-    let Some(previous) = previous else {
+    let Some(previous) = named(previous, current)? else {
         return Ok(());
     };
     let differs = |(before, now): &(&ExternalRead, &ExternalRead)| {
@@ -123,6 +117,18 @@ pub(crate) fn check_constant_places(
         None if current.len() > previous.len() => Err(unlisted(&current[previous.len()])),
         None if previous.len() > current.len() => Err(unlisted(&previous[current.len()])),
         None => Ok(()),
+    }
+}
+
+/// What both checks begin with: a read of `current` whose allocation cannot be named is
+/// never a constant; else the reads of the steps before, if any, to compare with.
+fn named<'a>(
+    previous: Option<&'a [ExternalRead]>,
+    current: &[ExternalRead],
+) -> Result<Option<&'a [ExternalRead]>, FallbackReason> {
+    match current.iter().find(|read| read.allocation.is_none()) {
+        Some(read) => Err(unlisted(read)),
+        None => Ok(previous),
     }
 }
 

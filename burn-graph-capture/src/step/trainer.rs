@@ -14,7 +14,7 @@ use super::cache::{Observation, Plan};
 use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
-use super::graphed::{Captured, Fallback, FallbackScope, Graphs, on_inputs};
+use super::graphed::{Captured, Fallback, FallbackScope, Graphs, constants_by_place, on_inputs};
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, StepContext, with_own_state};
 use super::mode::{FallbackReason, StepChange, StepMode};
@@ -25,7 +25,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{Trace, Traced, Unfilled, Untraced};
+use crate::backend::trace::{Trace, Traced, Unfilled};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -474,7 +474,7 @@ where
             .owned(&mut self.learner)
             .with(inputs.iter().map(AnyTensor::allocation_id))
             .with([self.random.accounted()]);
-        let by_place = self.constants_by_place();
+        let by_place = constants_by_place::<G>(self.rank.is_some());
         let keeping = rehearsal_of.filter(|_| by_place);
         let session = || match keeping {
             Some(_) => CaptureSession::begin_keeping(accounted.ids().clone()),
@@ -498,13 +498,6 @@ where
             by_place,
         };
         Ok((output, observed))
-    }
-
-    /// Whether this trainer's graphs read constants through pins that traces fill, so
-    /// that its steps know constants by place (`GraphBackend::pins_constants`): not
-    /// where replays are untraced (data-parallel ranks, `Untraced`).
-    fn constants_by_place(&self) -> bool {
-        G::pins_constants() && self.rank.is_none() && !Untraced::active()
     }
 
     /// Runs a graph step, or the step eagerly with the reason the graph step failed.
