@@ -14,6 +14,7 @@ use burn_graph_capture::{
 };
 use lstm_example::Batch;
 
+use crate::host_profile;
 use crate::memory::{self, PoolDelta};
 use crate::setup::{BenchModel, WARMUP, Workload, loss};
 use crate::timing::{self, Timing};
@@ -356,7 +357,11 @@ pub struct TraceCost {
     pub not_replayed: usize,
 }
 
-pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevice) -> TraceCost {
+pub fn trace_cost<G: Stack, M: Model<G>>(
+    name: &str,
+    work: &Workload,
+    device: &CudaGraphDevice,
+) -> TraceCost {
     let batches = work.batches::<TrainBackend<G>>(device);
     let config = GraphTrainerConfig::new()
         .with_warmup_steps(WARMUP)
@@ -392,6 +397,13 @@ pub fn trace_cost<G: Stack, M: Model<G>>(work: &Workload, device: &CudaGraphDevi
     }
     let after = traced.report();
     let timed = (rounds * steps_per_round) as f64;
+    // After the timed rounds, so that sampling slows none of them.
+    host_profile::sampled(name, || {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(2) {
+            traced.step(next.next().unwrap().clone()).expect("step");
+        }
+    });
     TraceCost {
         steps_per_round,
         rounds,

@@ -114,7 +114,12 @@ pub const BINARIES: &[Binary] = &[
     module("shared_embedding", "shared_embedding::"),
     // The speed bench (also the target of ncu and racecheck), and CubeCL's matmul
     // against cuBLAS.
-    target("gpu_graph_speed", INTEGRATION_TESTS, Kind::Bench, CUDA),
+    target(
+        "gpu_graph_speed",
+        INTEGRATION_TESTS,
+        Kind::Bench,
+        &["cuda", "host-profile"],
+    ),
     target("gpu_matmul", INTEGRATION_TESTS, Kind::Bench, CUDA),
     // This runtime's eager step against stock burn-cuda's (issue 3).
     target("runtime_eager_bench", LIBRARY, Kind::Example, CUDA),

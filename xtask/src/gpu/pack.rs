@@ -594,8 +594,8 @@ mod tests {
                  -p burn-graph-capture -p integration-tests --test gpu_runtime --test gpu_capture \
                  --test gpu_trainer --test integration --features cuda,fault-injection \
                  --archive-file /t/tests.tar.zst --zstd-level 1",
-                "CARGO_INCREMENTAL=0 cargo build --release -p integration-tests --features cuda \
-                 --bench gpu_graph_speed --message-format json-render-diagnostics",
+                "CARGO_INCREMENTAL=0 cargo build --release -p integration-tests --features \
+                 cuda,host-profile --bench gpu_graph_speed --message-format json-render-diagnostics",
                 "CARGO_INCREMENTAL=0 cargo build --release -p lstm-example --features cuda \
                  --bin lstm --message-format json-render-diagnostics",
                 "CARGO_INCREMENTAL=0 cargo build --release -p xtask \
