@@ -111,6 +111,9 @@ fn input_kept(tensor: &CubeTensor<CudaGraphRuntime>) -> bool {
 /// step's launches, milliseconds to a second.
 const WINDOW_WAIT: Duration = Duration::from_secs(20);
 
+/// `on` turns on constant pins on `CudaCube` (`GraphBackend::pins_constants`).
+pub(crate) const CONSTANT_PINS_SWITCH: &str = "BURN_GRAPH_CAPTURE_CONSTANT_PINS";
+
 /// Opens a window, waiting while another thread's is open: one device records one
 /// window at a time, and a trainer on another thread must not lose its graph to that
 /// (issue 14, threads). Other errors, a nested window included, return at once.
@@ -237,13 +240,15 @@ impl GraphBackend for CudaCube {
         })
     }
 
-    /// Not yet: with constant pins on, one program of the GPU fuzzer (seed 88: a GRU
-    /// whose step reads a constant the loop refreshes before every step, a model reloaded
-    /// before the capture) trained otherwise than plain code on an H200, for a cause not
-    /// found. Until it is, constants are read as they are and a replaced one is a
-    /// difference, as before; `lies_alike` stays for when they are pinned.
+    /// Off unless `BURN_GRAPH_CAPTURE_CONSTANT_PINS=on`: with constant pins on, one
+    /// program of the GPU fuzzer (seed 88: a GRU whose step reads a constant the loop
+    /// refreshes before every step, a model reloaded before the capture) trained
+    /// otherwise than plain code on an H200, for a cause not found. Until it is,
+    /// constants are read as they are and a replaced one is a difference; the switch lets
+    /// one build run both ways side by side.
     fn pins_constants() -> bool {
-        false
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var(CONSTANT_PINS_SWITCH).is_ok_and(|value| value == "on"))
     }
 
     fn lies_alike(pin: &AnyTensor<Self>, tensor: &AnyTensor<Self>) -> bool {
