@@ -66,9 +66,9 @@ pub trait Allocated {
     fn allocation_id(&self) -> Option<AllocationId>;
 
     /// Where in its allocation the tensor's values lie (offset, strides), hashed: two
-    /// views of one allocation with one shape differ here. An emulated graph
-    /// (`backend::emulated`) tells its values apart by it; 0 where graphs are not
-    /// emulated.
+    /// views of one allocation with one shape differ here, and traces and emulated
+    /// graphs (`backend::emulated`) tell values apart by it. 0 where every tensor has an
+    /// allocation of its own (Fusion's ids) or graphs are not traced.
     fn view_hash(&self) -> u64 {
         0
     }
@@ -232,6 +232,17 @@ mod cuda {
                 counter_in_debug(&self.handle.memory, CUBE_MEMORY_ID)
             })
             .map(AllocationId::unique)
+        }
+
+        /// A slice or a transposed view keeps its tensor's handle, hence its id: the
+        /// handle's offset and the strides tell such views of one shape apart (the two
+        /// halves of a batch; a square matrix and its transpose).
+        fn view_hash(&self) -> u64 {
+            use std::hash::{DefaultHasher, Hash, Hasher};
+            let mut hasher = DefaultHasher::new();
+            self.handle.offset_start.unwrap_or(0).hash(&mut hasher);
+            self.meta.strides().hash(&mut hasher);
+            hasher.finish()
         }
     }
 

@@ -5,7 +5,8 @@
 //! plain eager code (within the tolerance of every graphed run), with every replay
 //! traced: a host loss weight changed
 //! at one step (with the default `verify_every`), a host coin picking between two loss
-//! terms, and a host branch between two constants of one shape. The same worlds
+//! terms, a host branch between two constants of one shape, and one between two views of
+//! one tensor with one shape. The same worlds
 //! untraced (`Untraced` at the capture: the graph has no trace recording) diverge from
 //! plain code: the trace is what catches them. The fusion stack has no stand-ins yet,
 //! so its replays stay untraced and it is not instantiated here.
@@ -142,6 +143,31 @@ fn a_branch_between_constants_of_one_shape_is_traced<G: Stack>() {
     every_replay_traced(case, &traced, STEPS / 2);
 }
 
+/// A host branch between two views of one tensor with one shape (the two halves of the
+/// batch, both sliced at every step): the op sequence and host values are the same either
+/// way, only where in one allocation the read lies differs.
+fn a_branch_between_views_of_one_tensor_is_traced<G: Stack>() {
+    let case = "branch between views";
+    let (traced, untraced, eager) = traced_and_untraced::<G, usize>(
+        case,
+        |step, _| usize::from(step >= 30),
+        |_| true,
+        |model, batch, half| {
+            let rows = batch.x.dims()[0] / 2;
+            let halves = [
+                batch.x.clone().narrow(0, 0, rows),
+                batch.x.clone().narrow(0, rows, rows),
+            ];
+            let target = batch.y.clone().narrow(0, 0, rows);
+            (model.forward(halves[*half].clone()) - target)
+                .powi_scalar(2)
+                .mean()
+        },
+    );
+    caught(case, &traced, &untraced, &eager);
+    every_replay_traced(case, &traced, STEPS / 2);
+}
+
 mod cube {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
@@ -162,5 +188,12 @@ mod cube {
     fn a_branch_between_constants_of_one_shape_is_traced() {
         crate::common::trace_from_env();
         super::a_branch_between_constants_of_one_shape_is_traced::<burn_graph_capture::CudaCube>();
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn a_branch_between_views_of_one_tensor_is_traced() {
+        crate::common::trace_from_env();
+        super::a_branch_between_views_of_one_tensor_is_traced::<burn_graph_capture::CudaCube>();
     }
 }

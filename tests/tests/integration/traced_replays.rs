@@ -2,9 +2,10 @@
 //! ops are matched against the graph, and a step that differs runs eagerly from the
 //! first difference. So training equals plain eager code when the world of the closure
 //! changes after a capture: a host value (a loss weight), a host branch among tensors
-//! of one shape (which head), a host coin, state inside an `FnMut` closure, a constant
-//! replaced while two graphs read it. Each case also runs with replays untraced
-//! (`Untraced`), which must diverge from plain code: the trace is what catches it.
+//! of one shape (which head, which view of one tensor), a host coin, state inside an
+//! `FnMut` closure, a constant replaced while two graphs read it. Each case also runs
+//! with replays untraced (`Untraced`), which must diverge from plain code: the trace is
+//! what catches it.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -198,6 +199,33 @@ fn a_branch_among_heads_of_one_shape_is_traced() {
             let before: Box<dyn Fn(usize)> = Box::new(move |step| set.set(step >= 15));
             (before, move |m: &Model, b: &Regression<B>| {
                 m.loss(b, second.get())
+            })
+        },
+        &[4],
+        Shows::Difference(other_input),
+    );
+}
+
+/// Both halves of the batch are sliced at every step (two views of one tensor with one
+/// shape); a host branch picks which one the loss reads.
+#[test]
+fn a_branch_between_views_of_one_tensor_is_traced() {
+    let _rng = crate::common::rng::exclusive();
+    check(
+        || {
+            let half = Rc::new(Cell::new(0));
+            let set = Rc::clone(&half);
+            let before: Box<dyn Fn(usize)> = Box::new(move |step| set.set(usize::from(step >= 15)));
+            (before, move |m: &Model, b: &Regression<B>| {
+                let rows = b.x.dims()[0] / 2;
+                let halves = [
+                    b.x.clone().narrow(0, 0, rows),
+                    b.x.clone().narrow(0, rows, rows),
+                ];
+                let hidden = m.body.forward(halves[half.get()].clone()).tanh();
+                (m.first.forward(hidden) - b.y.clone().narrow(0, 0, rows))
+                    .powi_scalar(2)
+                    .mean()
             })
         },
         &[4],
