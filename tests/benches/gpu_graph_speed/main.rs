@@ -16,8 +16,8 @@
 //!   either recurrence forced (issue 28; none in the default list);
 //! - `trace-nn-lstm`, `trace-fused-lstm`, `trace-transformer`: what tracing every
 //!   replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`, a two-layer Transformer encoder
-//!   of width `h` with four heads), traced against untraced side by side (none in the
-//!   default list); with `HOST_PROFILE=DIR`, two more seconds of traced steps are sampled
+//!   of width `h` with four heads), traced against untraced and against the same step
+//!   run eagerly, side by side (none in the default list); with `HOST_PROFILE=DIR`, two more seconds of traced steps are sampled
 //!   into `DIR/trace-MODEL-B-T-H.folded` (`host_profile`);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
@@ -321,16 +321,19 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                         "host_ms_traced": cost.host_ms.0, "host_ms_untraced": cost.host_ms.1,
                         "traces_matched": cost.traces_matched,
                         "not_replayed": cost.not_replayed,
+                        "eager_ms": cost.eager_ms, "host_ms_eager": cost.eager_host_ms,
                     })
                 );
                 println!(
-                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; step calls {:.3} / {:.3} ms of host time; {} traces matched, {} steps not replayed |",
+                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; step calls {:.3} / {:.3} ms of host time; eager {:.3} ms per step, {:.3} ms of host time; {} traces matched, {} steps not replayed |",
                     cost.traced_ms,
                     cost.untraced_ms,
                     overhead * 100.0,
                     cost.trace_ms_per_step,
                     cost.host_ms.0,
                     cost.host_ms.1,
+                    cost.eager_ms,
+                    cost.eager_host_ms,
                     cost.traces_matched,
                     cost.not_replayed
                 );

@@ -9,8 +9,8 @@ use burn_graph_capture::nn::{GruKernels, LstmKernels};
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::runtime::{CudaGraphDevice, GraphInfo, with_server};
 use burn_graph_capture::{
-    Collectives, DataParallel, DataParallelConfig, GraphBackend, GraphTrainer, GraphTrainerConfig,
-    RankMember, StepMode, TrainBackend, TrainerReport,
+    Collectives, DataParallel, DataParallelConfig, FallbackReason, GraphBackend, GraphTrainer,
+    GraphTrainerConfig, RankMember, StepMode, TrainBackend, TrainerReport,
 };
 use lstm_example::Batch;
 
@@ -351,6 +351,11 @@ pub struct TraceCost {
     /// Host ms per call of `step` (traced, untraced): where it exceeds the device's time
     /// per step, the host bounds the pipeline.
     pub host_ms: (f64, f64),
+    /// The same step run eagerly by a trainer that never captures: pipelined ms and host
+    /// ms per call. Its host time is the floor of a trace's (the closure, autodiff and
+    /// the update's host code, plus a launch per kernel that a trace skips).
+    pub eager_ms: f64,
+    pub eager_host_ms: f64,
     /// Timed steps of the traced trainer that replayed after a matched trace.
     pub traces_matched: u64,
     /// Timed steps of either trainer that did not replay (should be 0).
@@ -369,8 +374,9 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
     let mut traced = captured_with::<G, M>(work, &batches, device, None, config.clone());
     let mut untraced = {
         let _untraced = burn_graph_capture::Untraced::on();
-        captured_with::<G, M>(work, &batches, device, None, config)
+        captured_with::<G, M>(work, &batches, device, None, config.clone())
     };
+    let mut eager = captured_with::<G, M>(work, &batches, device, None, config.with_capture(false));
     let (rounds, steps_per_round) = (7, 50);
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
@@ -382,18 +388,24 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
             let called = std::time::Instant::now();
             let outcome = trainer.step(batch).expect("step");
             *host += called.elapsed();
-            not_replayed += usize::from(outcome.mode != StepMode::Replayed);
+            let expected = if trainer.config().capture {
+                StepMode::Replayed
+            } else {
+                StepMode::Eager(FallbackReason::CaptureDisabled)
+            };
+            not_replayed += usize::from(outcome.mode != expected);
             last = Some(outcome.output);
         }
         read::<G>(last.expect("a step"));
         start.elapsed().as_secs_f64() * 1e3 / steps_per_round as f64
     };
     let before = traced.report();
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    let (mut host_with, mut host_without) = Default::default();
+    let (mut with, mut without, mut eagerly) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut host_with, mut host_without, mut host_eager) = Default::default();
     for _ in 0..rounds {
         without.push(round(&mut untraced, &mut host_without));
         with.push(round(&mut traced, &mut host_with));
+        eagerly.push(round(&mut eager, &mut host_eager));
     }
     let after = traced.report();
     let timed = (rounds * steps_per_round) as f64;
@@ -416,5 +428,7 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
         ),
         traces_matched: after.traces_matched - before.traces_matched,
         not_replayed,
+        eager_ms: timing::median(eagerly),
+        eager_host_ms: host_eager.as_secs_f64() * 1e3 / timed,
     }
 }
