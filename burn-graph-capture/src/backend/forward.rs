@@ -225,10 +225,10 @@ macro_rules! forward_ops {
         if !(op == "float_random" && $breaker.is_none()) {
             let mut keys = Vec::new();
             $(forward_ops!(@trace_keys $kind, keys, $arg);)*
-            if let Some(outputs) =
-                $crate::backend::trace::matched(op, $rec, *$breaker, &keys)
-            {
-                return forward_ops!(@hand_out $ret_kind, outputs);
+            if let Some(outputs) = $crate::backend::trace::matched(
+                op, $rec, *$breaker, &keys, |stand_ins| forward_ops!(@hand_out $ret_kind, stand_ins),
+            ) {
+                return outputs;
             }
         }
     }};

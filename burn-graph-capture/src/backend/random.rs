@@ -64,10 +64,15 @@ pub(crate) fn float_random<B: GraphBackend>(
             rec
         };
         if trace::active()
-            && let Some(drawn) =
-                trace::matched("float_random", &recorder(), None, &[trace::input(&state)])
+            && let Some(drawn) = trace::matched(
+                "float_random",
+                &recorder(),
+                None,
+                &[trace::input(&state)],
+                |stand_ins| trace::hand_out(stand_ins, 0),
+            )
         {
-            return trace::hand_out(&drawn, 0);
+            return drawn;
         }
         let drawn = B::random(&state, draw, shape.clone(), distribution, dtype);
         if program::recording() {

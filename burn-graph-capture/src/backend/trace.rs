@@ -20,7 +20,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::constant_pin::ConstantPin;
-use super::emulated::program::{AsValue, Inner, Key, Slot, Value};
+use super::emulated::program::{AsValue, Inner, Key, Slot, StandInValue, Value};
 use super::session::{BreakerKind, CaptureBreaker, OpRecord, OpRecorder};
 
 /// Where a trace stopped matching its graph; `index` counts the ops matched before.
@@ -244,15 +244,18 @@ where
     (super::emulated::program::key_of(tensor), tensor)
 }
 
-/// Matches one op that makes tensors: its stand-ins if it is the recorded op at its
-/// place with the same inputs, else `None` (the trace then stopped matching, the
-/// recorded ops before it computed, and the op runs).
-pub(crate) fn matched(
+/// Matches one op that makes tensors: what `take` makes of its stand-ins if it is the
+/// recorded op at its place with the same inputs, else `None` (the trace then stopped
+/// matching, the recorded ops before it computed, and the op runs). `take` borrows the
+/// recording's stand-ins: a handed-out stand-in is a clone of the recorded tensor, and
+/// the recording's shared handles on them are not touched.
+pub(crate) fn matched<R>(
     op: &'static str,
     record: &OpRecorder,
     breaker: Option<BreakerKind>,
     inputs: &[Input<'_>],
-) -> Option<Vec<Value>> {
+    take: impl FnOnce(&[StandInValue]) -> R,
+) -> Option<R> {
     TRACER.with(|tracer| {
         let mut tracer = tracer.borrow_mut();
         let tracer = tracer.as_mut()?;
@@ -260,7 +263,14 @@ pub(crate) fn matched(
             return None;
         }
         match tracer.compare(op, record, breaker, inputs) {
-            Ok(outputs) => Some(outputs),
+            Ok(step) => {
+                let traced = tracer
+                    .recording
+                    .traced(step)
+                    .flatten()
+                    .expect("the matched step is a traced one");
+                Some(take(&traced.stand_ins))
+            }
             Err(change) => {
                 if let Err(failed) = tracer.diverge(change) {
                     unwind_unfilled(failed);
@@ -272,8 +282,9 @@ pub(crate) fn matched(
 }
 
 /// Output `index` of a matched op's stand-ins, as the op's output type.
-pub(crate) fn hand_out<T: Clone + 'static>(outputs: &[Value], index: usize) -> T {
-    outputs[index]
+pub(crate) fn hand_out<T: Clone + 'static>(stand_ins: &[StandInValue], index: usize) -> T {
+    stand_ins[index]
+        .value
         .downcast_ref::<T>()
         .cloned()
         .expect("a matched op's stand-ins are of its output types")
@@ -305,14 +316,14 @@ pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
 }
 
 impl Tracer {
-    /// The stand-ins of the next recorded op, if `op`, `record` and `inputs` are its.
+    /// The next recorded op's step, if `op`, `record` and `inputs` are its.
     fn compare(
         &mut self,
         op: &'static str,
         record: &OpRecorder,
         breaker: Option<BreakerKind>,
         inputs: &[Input<'_>],
-    ) -> Result<Vec<Value>, Difference> {
+    ) -> Result<usize, Difference> {
         let index = self.matched;
         if let Some(kind) = breaker {
             return Err(Difference::Breaker(CaptureBreaker::new(kind, op)));
@@ -358,9 +369,7 @@ impl Tracer {
                     .or_insert_with(|| tensor.as_value());
             }
         }
-        let mut outputs = Vec::with_capacity(traced.stand_ins.len());
         for (stand_in, slot) in traced.stand_ins.iter().zip(&traced.outputs) {
-            outputs.push(Arc::clone(&stand_in.value));
             if let (Some(key), Some(slot)) = (&stand_in.key, slot) {
                 self.latest.insert(slot.key(), slot.generation());
                 self.stand_ins.insert(key.clone(), slot.key());
@@ -368,7 +377,7 @@ impl Tracer {
         }
         self.next = step + 1;
         self.matched += 1;
-        Ok(outputs)
+        Ok(step)
     }
 
     /// The first argument that reads another value than the recorded op's `recorded`

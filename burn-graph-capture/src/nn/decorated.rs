@@ -26,8 +26,10 @@ pub(crate) fn recorded<B: GraphBackend, const I: usize, const O: usize>(
         && trace::active()
     {
         let keys: Vec<_> = inputs.iter().map(trace::input).collect();
-        if let Some(outputs) = trace::matched(name, rec, None, &keys) {
-            return std::array::from_fn(|index| trace::hand_out(&outputs, index));
+        if let Some(outputs) = trace::matched(name, rec, None, &keys, |stand_ins| {
+            std::array::from_fn(|index| trace::hand_out(stand_ins, index))
+        }) {
+            return outputs;
         }
     }
     let outputs = run(inputs);
