@@ -7,7 +7,7 @@
 //! it: MSE and capturable Adam on `FusedLstm` + `Linear` (`fused-lstm`, at b8/t64/h128
 //! unless `B/T/H` is given), on Burn's `nn::Lstm` + `Linear` (`nn-lstm`, a few ops per
 //! time step) or on a two-layer Transformer encoder (`transformer`, h wide, four heads).
-//! Prints the trace's host time per step.
+//! Prints the trace's host time per step, and the same step's time run eagerly.
 //!
 //! `cargo bench -p integration-tests --bench trace_cost [-- MODEL [B/T/H [STEPS]]]`
 
@@ -69,11 +69,14 @@ fn main() {
     }
 }
 
-/// Warms `model` up on emulated graphs, then times `steps` traced replays.
+/// Warms `model` up on emulated graphs, then times `steps` traced replays, and as many
+/// eager steps of a clone that never captures (the floor of a trace's host time: the
+/// same closure, autodiff and update, with kernels).
 fn measure<M>(model: M, mut task: SineTask, [b, t, h]: [usize; 3], steps: usize)
 where
-    M: AutodiffModule<B> + Forecaster<B> + 'static,
+    M: AutodiffModule<B> + Forecaster<B> + Clone + 'static,
 {
+    let eager_model = model.clone();
     let device = Default::default();
     let batches: Vec<Batch<B>> = (0..4).map(|_| task.next_batch(b, t, &device)).collect();
     let step = |model: &M, batch: &Batch<B>| model.mse(batch.x.clone(), batch.y.clone());
@@ -96,10 +99,20 @@ where
     let wall = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
     let after = trainer.report();
     let traces = after.traces_matched - before.traces_matched;
+    let eager_config = GraphTrainerConfig::new().with_capture(false);
+    let adam = CapturableAdamConfig::new().init::<B>(&device);
+    let mut eager = GraphTrainer::new(eager_model, adam, step, eager_config);
+    let started = Instant::now();
+    for _ in 0..steps {
+        eager
+            .step(next.next().unwrap().clone())
+            .expect("eager step");
+    }
+    let eager_ms = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
     println!(
         "b{b}/t{t}/h{h} on emulated graphs: {replayed} of {steps} steps replayed, {traces} traces \
          matched; trace {:.3} ms of host time per step; whole step {wall:.3} ms (with the \
-         emulated replay's CPU kernels)",
+         emulated replay's CPU kernels); eager step {eager_ms:.3} ms (its kernels included)",
         (after.trace_ms - before.trace_ms) / steps as f64,
     );
 }
