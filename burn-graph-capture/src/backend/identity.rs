@@ -74,6 +74,16 @@ pub trait Allocated {
     }
 }
 
+/// A view's hash (`Allocated::view_hash`): where it starts in its allocation, in the
+/// backend's unit, and its strides.
+#[cfg_attr(not(any(feature = "flex", feature = "cuda")), allow(dead_code))]
+fn hash_view<S: Hash>(offset: u64, strides: &[S]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    offset.hash(&mut hasher);
+    strides.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Reads the number that follows `marker` in `value`'s `Debug` form: the counter inside
 /// an id whose field is private (Fusion's `TensorId`, CubeCL's memory id).
 ///
@@ -189,11 +199,8 @@ mod flex {
         }
 
         fn view_hash(&self) -> u64 {
-            use std::hash::{DefaultHasher, Hash, Hasher};
-            let mut hasher = DefaultHasher::new();
-            self.layout().strides().hash(&mut hasher);
-            self.layout().start_offset().hash(&mut hasher);
-            hasher.finish()
+            let layout = self.layout();
+            super::hash_view(layout.start_offset() as u64, layout.strides())
         }
     }
 
@@ -238,11 +245,7 @@ mod cuda {
         /// handle's offset and the strides tell such views of one shape apart (the two
         /// halves of a batch; a square matrix and its transpose).
         fn view_hash(&self) -> u64 {
-            use std::hash::{DefaultHasher, Hash, Hasher};
-            let mut hasher = DefaultHasher::new();
-            self.handle.offset_start.unwrap_or(0).hash(&mut hasher);
-            self.meta.strides().hash(&mut hasher);
-            hasher.finish()
+            super::hash_view(self.handle.offset_start.unwrap_or(0), self.meta.strides())
         }
     }
 

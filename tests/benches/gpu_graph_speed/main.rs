@@ -17,8 +17,9 @@
 //! - `trace-nn-lstm`, `trace-fused-lstm`, `trace-transformer`: what tracing every
 //!   replay costs on `CudaCube` (`nn::Lstm`, `FusedLstm`, a two-layer Transformer encoder
 //!   of width `h` with four heads), traced against untraced and against the same step
-//!   run eagerly, side by side (none in the default list); with `HOST_PROFILE=DIR`, two more seconds of traced steps are sampled
-//!   into `DIR/trace-MODEL-B-T-H.folded` (`host_profile`);
+//!   run eagerly, side by side (none in the default list); with `HOST_PROFILE=DIR`, two
+//!   more seconds of traced steps are sampled into `DIR/trace-MODEL-B-T-H.folded`
+//!   (`host_profile`);
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -285,27 +286,17 @@ fn speed(sizes: &[Size], stacks: &[String]) {
         if stacks.iter().any(|s| s.starts_with("trace-")) {
             let mut costs = Vec::new();
             if wants("trace-nn-lstm") {
-                let cost = ours::trace_cost::<CudaCube, Nn<CudaCube>>(
-                    &format!("trace-nn-lstm-{}", size.to_string().replace('/', "-")),
-                    &work,
-                    &device,
-                );
+                let cost = ours::trace_cost::<CudaCube, Nn<CudaCube>>("nn-lstm", &work, &device);
                 costs.push(("cube-nn-lstm", cost));
             }
             if wants("trace-fused-lstm") {
-                let cost = ours::trace_cost::<CudaCube, Batched<CudaCube>>(
-                    &format!("trace-fused-lstm-{}", size.to_string().replace('/', "-")),
-                    &work,
-                    &device,
-                );
+                let cost =
+                    ours::trace_cost::<CudaCube, Batched<CudaCube>>("fused-lstm", &work, &device);
                 costs.push(("cube-fused-lstm", cost));
             }
             if wants("trace-transformer") {
-                let cost = ours::trace_cost::<CudaCube, Encoder<CudaCube>>(
-                    &format!("trace-transformer-{}", size.to_string().replace('/', "-")),
-                    &work,
-                    &device,
-                );
+                let cost =
+                    ours::trace_cost::<CudaCube, Encoder<CudaCube>>("transformer", &work, &device);
                 costs.push(("cube-transformer", cost));
             }
             for (model, cost) in costs {

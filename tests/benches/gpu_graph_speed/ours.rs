@@ -362,8 +362,10 @@ pub struct TraceCost {
     pub not_replayed: usize,
 }
 
+/// Traced, untraced and eager rounds of `model`'s step side by side; a host profile of
+/// more traced steps under `HOST_PROFILE` (`trace-MODEL-B-T-H.folded`).
 pub fn trace_cost<G: Stack, M: Model<G>>(
-    name: &str,
+    model: &str,
     work: &Workload,
     device: &CudaGraphDevice,
 ) -> TraceCost {
@@ -381,6 +383,11 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
     let mut next = batches.iter().cycle();
     let mut not_replayed = 0;
     let mut round = |trainer: &mut Trainer<G, M>, host: &mut std::time::Duration| {
+        let expected = if trainer.config().capture {
+            StepMode::Replayed
+        } else {
+            StepMode::Eager(FallbackReason::CaptureDisabled)
+        };
         let start = std::time::Instant::now();
         let mut last = None;
         for _ in 0..steps_per_round {
@@ -388,11 +395,6 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
             let called = std::time::Instant::now();
             let outcome = trainer.step(batch).expect("step");
             *host += called.elapsed();
-            let expected = if trainer.config().capture {
-                StepMode::Replayed
-            } else {
-                StepMode::Eager(FallbackReason::CaptureDisabled)
-            };
             not_replayed += usize::from(outcome.mode != expected);
             last = Some(outcome.output);
         }
@@ -410,7 +412,8 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
     let after = traced.report();
     let timed = (rounds * steps_per_round) as f64;
     // After the timed rounds, so that sampling slows none of them.
-    host_profile::sampled(name, || {
+    let name = format!("trace-{model}-{}", work.size.to_string().replace('/', "-"));
+    host_profile::sampled(&name, || {
         let start = std::time::Instant::now();
         while start.elapsed() < std::time::Duration::from_secs(2) {
             traced.step(next.next().unwrap().clone()).expect("step");
