@@ -228,6 +228,12 @@ macro_rules! forward_ops {
             if let Some(outputs) = $crate::backend::trace::matched(
                 op, $rec, *$breaker, &keys, |stand_ins| forward_ops!(@hand_out $ret_kind, stand_ins),
             ) {
+                if $crate::backend::trace::observing() {
+                    // Recorded as the eager op would be, its stand-ins as its outputs.
+                    let mut rec = $rec.clone();
+                    forward_ops!(@output $ret_kind, rec, outputs);
+                    rec.commit(op, *$breaker);
+                }
                 return outputs;
             }
         }

@@ -6,6 +6,7 @@ use std::fmt;
 use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn_backend::{Backend, DType, Scalar, Shape, TensorMetadata};
 
+use super::emulated::program::{Key, key_of};
 use super::error::CopyMismatch;
 use super::identity::{Allocated, AllocationId};
 use super::tensor_kind::TensorKind;
@@ -127,6 +128,15 @@ where
             AnyTensor::Float(t) => t.allocation_id(),
             AnyTensor::Int(t) => t.allocation_id(),
             AnyTensor::Bool(t) => t.allocation_id(),
+        }
+    }
+
+    /// The key a trace knows the tensor by: its allocation and view.
+    pub(crate) fn trace_key(&self) -> Option<Key> {
+        match self {
+            AnyTensor::Float(t) => key_of(t),
+            AnyTensor::Int(t) => key_of(t),
+            AnyTensor::Bool(t) => key_of(t),
         }
     }
 }

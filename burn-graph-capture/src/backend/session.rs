@@ -269,7 +269,7 @@ pub(crate) fn wanted(allocation: &AllocationId) -> bool {
 }
 
 /// Collects one op's inputs and outputs. Only used while a session is open.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct OpRecorder {
     inputs: Vec<TensorSig>,
     attrs: DefaultHasher,

@@ -84,14 +84,35 @@ impl Drop for Untraced {
     }
 }
 
-/// A trace in progress on this thread.
+/// Most graphs a trace matches a step against at once (`Trace::begin` takes the
+/// first ones).
+pub(crate) const MAX_CANDIDATES: usize = 8;
+
+/// A trace in progress on this thread: the step matched against each graph of its
+/// shape at once, the stand-ins of one of them (the leader) handed out.
 struct Tracer {
+    matchers: Vec<Matcher>,
+    /// The matcher whose stand-ins are handed out: the first one still matching.
+    leader: usize,
+    /// Earlier leaders, each with the step it had reached when it stopped matching:
+    /// what they handed out is computed if no graph matches the whole step.
+    former: Vec<(usize, usize)>,
+    /// Traced ops matched so far.
+    matched: usize,
+    /// Where the trace stopped matching every graph, once it did.
+    diverged: Option<Difference>,
+    /// Whether matched ops are recorded too, named, as an eager step's are: the step,
+    /// if it matches no graph, is then observed whole.
+    observing: bool,
+}
+
+/// The step matched against one graph's recording.
+struct Matcher {
     recording: Arc<Inner>,
     /// The step after the last one matched.
     next: usize,
-    /// Traced ops matched so far.
-    matched: usize,
-    /// The recorded key each stand-in handed out stands for.
+    /// The recorded key each tensor handed to the step stands for: the stand-ins handed
+    /// out, and the batch inputs of the graph the trace runs on.
     stand_ins: FxHashMap<Key, Key>,
     /// The generation each recorded key is at after the ops matched so far: a read of a
     /// key is a read of its latest value, as the recording took it.
@@ -100,10 +121,21 @@ struct Tracer {
     /// recorded ops compute from when the trace stops matching (a device graph's
     /// recording names them without holding them).
     supplied: FxHashMap<Slot, Value>,
-    /// Where the trace stopped matching, once it did.
-    diverged: Option<Difference>,
     /// The graph's constant pins, by the key the recording names each by.
     pins: FxHashMap<Key, Arc<ConstantPin>>,
+    /// Where it stopped matching, once it did.
+    stopped: Option<Difference>,
+}
+
+/// One graph a trace matches the step against.
+pub(crate) struct Candidate {
+    /// Its recording.
+    pub(crate) recording: TraceRecording,
+    /// The pins it reads constants through.
+    pub(crate) pins: Vec<Arc<ConstantPin>>,
+    /// Tensors the step reads in place of those the recording names: the batch inputs
+    /// of the graph the trace runs on, each with this graph's own.
+    pub(crate) aliases: Vec<(Key, Key)>,
 }
 
 /// A graph's recording as traces match it (`GraphBackend::trace_recording`).
@@ -118,8 +150,9 @@ impl std::fmt::Debug for TraceRecording {
 /// How a trace came out.
 #[derive(Debug)]
 pub(crate) enum Traced {
-    /// Every op matched the recording: the graph may replay.
-    Matched,
+    /// Every op matched the recording of candidate `.0` (in the order the trace was
+    /// given them): that graph may replay.
+    Matched(usize),
     /// The step differed; it went on eagerly from the first difference.
     Diverged(Difference),
     /// Filling the stand-ins failed (a recording the emulation got wrong): the step's
@@ -133,32 +166,30 @@ pub(crate) struct Trace {
 }
 
 impl Trace {
-    /// Starts tracing against `recording`, whose graph reads its constants through
-    /// `pins`; `None` if a trace is already running here.
-    pub(crate) fn begin(recording: &TraceRecording, pins: &[Arc<ConstantPin>]) -> Option<Self> {
-        if Untraced::active() {
+    /// Starts tracing against `candidates`, the graphs of the step's shape (the first
+    /// is the one the step runs on, and leads); `None` if a trace is already running
+    /// here or there is no candidate. An `observing` trace also records the ops it
+    /// matches into the open capture sessions, as the eager step would record them.
+    pub(crate) fn begin(candidates: &[Candidate], observing: bool) -> Option<Self> {
+        if Untraced::active() || candidates.is_empty() {
             return None;
         }
-        let recording = Arc::clone(&recording.0);
         TRACER.with(|tracer| {
             let mut tracer = tracer.borrow_mut();
             if tracer.is_some() {
                 return None;
             }
-            // Sized for the recording at once: a step inserts about one key per op.
-            let ops = recording.traced_count();
             *tracer = Some(Tracer {
-                recording,
-                next: 0,
-                matched: 0,
-                stand_ins: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
-                latest: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
-                supplied: FxHashMap::default(),
-                diverged: None,
-                pins: pins
+                matchers: candidates
                     .iter()
-                    .map(|pin| (pin.key().clone(), Arc::clone(pin)))
+                    .take(MAX_CANDIDATES)
+                    .map(Matcher::new)
                     .collect(),
+                leader: 0,
+                former: Vec::new(),
+                matched: 0,
+                diverged: None,
+                observing,
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -166,27 +197,36 @@ impl Trace {
         })
     }
 
-    /// Ends the trace after the step's work: matched if every recorded op was.
+    /// Ends the trace after the step's work: matched if every recorded op of one
+    /// candidate was (the leader where it was).
     pub(crate) fn end(self) -> Traced {
         let outcome = TRACER.with(|tracer| {
             let mut tracer = tracer.borrow_mut();
             let tracer = tracer.as_mut().expect("a trace owns its tracer");
             if tracer.diverged.is_none() {
-                let graph = tracer.recording.traced_count();
-                if tracer.matched < graph {
-                    // The step ran fewer ops than the graph: what it ran matched, and
-                    // was never computed.
-                    let change = Difference::OpCount {
-                        graph,
-                        step: tracer.matched,
-                    };
-                    if let Err(failed) = tracer.diverge(change) {
-                        return Traced::Failed(failed);
-                    }
+                let whole = |index: &usize| {
+                    let matcher: &Matcher = &tracer.matchers[*index];
+                    matcher.stopped.is_none() && matcher.recording.traced_count() == tracer.matched
+                };
+                let all = 0..tracer.matchers.len();
+                if let Some(index) = Some(tracer.leader)
+                    .filter(whole)
+                    .or(all.into_iter().find(whole))
+                {
+                    return Traced::Matched(index);
+                }
+                // The step ran fewer ops than the graphs: what it ran matched, and was
+                // never computed.
+                let change = Difference::OpCount {
+                    graph: tracer.matchers[tracer.leader].recording.traced_count(),
+                    step: tracer.matched,
+                };
+                if let Err(failed) = tracer.diverge(change) {
+                    return Traced::Failed(failed);
                 }
             }
             match tracer.diverged.clone() {
-                None => Traced::Matched,
+                None => unreachable!("a trace that matched no graph diverged above"),
                 Some(change) => Traced::Diverged(change),
             }
         });
@@ -211,6 +251,17 @@ pub(crate) fn active() -> bool {
     })
 }
 
+/// Whether ops are being matched by an observing trace: each matched op is committed
+/// to the open sessions as well, with its stand-ins as its outputs.
+pub(crate) fn observing() -> bool {
+    TRACER.with(|tracer| {
+        tracer
+            .borrow()
+            .as_ref()
+            .is_some_and(|tracer| tracer.diverged.is_none() && tracer.observing)
+    })
+}
+
 /// A trace that stopped matching could not compute the values its stand-ins stand for
 /// (a recorded output it cannot fill): the step unwinds out of the closure with this
 /// payload, nothing it traced is kept, and it runs again eagerly.
@@ -225,11 +276,17 @@ fn unwind_unfilled(why: String) -> ! {
 /// One tensor an op reads: its key, and the tensor (kept if it is from outside).
 pub(crate) type Input<'a> = (Option<Key>, &'a dyn AsValue);
 
-/// The recorder of an op: while a trace matches, one that reads no allocation ids (the
-/// trace names the inputs itself, and on the CUDA stacks an id costs the server's memory
-/// lock and a `Debug` format).
+/// The recorder of an op: while a trace matches without observing, one that reads no
+/// allocation ids (the trace names the inputs itself, and on the CUDA stacks an id costs
+/// the server's memory lock and a `Debug` format).
 pub(crate) fn recorder() -> OpRecorder {
-    if active() {
+    let unnamed = TRACER.with(|tracer| {
+        tracer
+            .borrow()
+            .as_ref()
+            .is_some_and(|tracer| tracer.diverged.is_none() && !tracer.observing)
+    });
+    if unnamed {
         OpRecorder::unnamed()
     } else {
         OpRecorder::default()
@@ -264,7 +321,7 @@ pub(crate) fn matched<R>(
         }
         match tracer.compare(op, record, breaker, inputs) {
             Ok(step) => {
-                let traced = tracer
+                let traced = tracer.matchers[tracer.leader]
                     .recording
                     .traced(step)
                     .flatten()
@@ -316,7 +373,10 @@ pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
 }
 
 impl Tracer {
-    /// The next recorded op's step, if `op`, `record` and `inputs` are its.
+    /// The leader's step for `op`, if `op`, `record` and `inputs` are the next recorded
+    /// op of any graph still matching: graphs that differ here stop matching, and the
+    /// first graph still matching leads. Every graph still matching learns which of its
+    /// keys the leader's stand-ins stand for.
     fn compare(
         &mut self,
         op: &'static str,
@@ -324,10 +384,107 @@ impl Tracer {
         breaker: Option<BreakerKind>,
         inputs: &[Input<'_>],
     ) -> Result<usize, Difference> {
-        let index = self.matched;
         if let Some(kind) = breaker {
             return Err(Difference::Breaker(CaptureBreaker::new(kind, op)));
         }
+        let index = self.matched;
+        let mut steps = self.matchers.iter_mut().map(|matcher| {
+            if matcher.stopped.is_some() {
+                return None;
+            }
+            matcher
+                .compare(op, record, inputs, index)
+                .map_err(|difference| matcher.stopped = Some(difference))
+                .ok()
+        });
+        // Matchers are few (a shape's graphs): the steps are kept on the stack.
+        let mut at = [None; MAX_CANDIDATES];
+        for (slot, step) in at.iter_mut().zip(&mut steps) {
+            *slot = step;
+        }
+        drop(steps);
+        let Some(leader) = at.iter().position(Option::is_some) else {
+            let leader = &self.matchers[self.leader];
+            return Err(leader.stopped.clone().expect("the leader stopped matching"));
+        };
+        if leader != self.leader {
+            self.former
+                .push((self.leader, self.matchers[self.leader].next));
+            self.leader = leader;
+        }
+        let step = at[leader].expect("the leader matched");
+        let (before, rest) = self.matchers.split_at_mut(leader);
+        let (lead, after) = rest.split_first_mut().expect("the leader is a matcher");
+        // One count on the leader's recording per op, so that it lends its stand-ins
+        // while the matchers change.
+        let recording = Arc::clone(&lead.recording);
+        let handed = &recording
+            .traced(step)
+            .flatten()
+            .expect("a matched step is a traced one")
+            .stand_ins;
+        let others = before.iter_mut().chain(after.iter_mut());
+        let others_at = at[..leader].iter().chain(&at[leader + 1..]);
+        for (matcher, step) in others.zip(others_at) {
+            if let Some(step) = *step {
+                matcher.matched(step, handed);
+            }
+        }
+        lead.next = step + 1;
+        lead.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
+        self.matched += 1;
+        Ok(step)
+    }
+
+    /// Stops matching at the current op: the recorded ops that each leader matched
+    /// compute, and the stand-ins it handed out take what they computed.
+    fn diverge(&mut self, change: Difference) -> Result<(), String> {
+        tracing::debug!(?change, "a trace stopped matching its graphs");
+        self.diverged = Some(change);
+        let leader = (self.leader, self.matchers[self.leader].next);
+        for (index, until) in std::mem::take(&mut self.former).into_iter().chain([leader]) {
+            let matcher = &mut self.matchers[index];
+            let supplied = std::mem::take(&mut matcher.supplied);
+            matcher
+                .recording
+                .fill_until(until, supplied.into_iter().collect())
+                .map_err(|missing| missing.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+impl Matcher {
+    fn new(candidate: &Candidate) -> Self {
+        // Sized for the recording at once: a step inserts about one key per op.
+        let recording = Arc::clone(&candidate.recording.0);
+        let ops = recording.traced_count();
+        let mut stand_ins = FxHashMap::with_capacity_and_hasher(ops, Default::default());
+        stand_ins.extend(candidate.aliases.iter().cloned());
+        Self {
+            recording,
+            next: 0,
+            stand_ins,
+            latest: FxHashMap::with_capacity_and_hasher(ops, Default::default()),
+            supplied: FxHashMap::default(),
+            pins: candidate
+                .pins
+                .iter()
+                .map(|pin| (pin.key().clone(), Arc::clone(pin)))
+                .collect(),
+            stopped: None,
+        }
+    }
+
+    /// The next recorded op's step, if `op`, `record` and `inputs` are its; `index`
+    /// counts the ops matched before.
+    fn compare(
+        &mut self,
+        op: &'static str,
+        record: &OpRecorder,
+        inputs: &[Input<'_>],
+        index: usize,
+    ) -> Result<usize, Difference> {
         let mut step = self.next;
         let traced = loop {
             match self.recording.traced(step) {
@@ -369,15 +526,36 @@ impl Tracer {
                     .or_insert_with(|| tensor.as_value());
             }
         }
-        for (stand_in, slot) in traced.stand_ins.iter().zip(&traced.outputs) {
-            if let (Some(key), Some(slot)) = (&stand_in.key, slot) {
+        Ok(step)
+    }
+
+    /// Step `step` matched, and the step closure was handed `handed` (the leader's
+    /// stand-ins) for its outputs.
+    fn matched(&mut self, step: usize, handed: &[StandInValue]) {
+        let recording = Arc::clone(&self.recording);
+        self.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
+        self.next = step + 1;
+    }
+
+    /// Notes the keys the step closure was handed for the outputs of `step` of
+    /// `recording` (this matcher's): each stands for the output's slot, at its
+    /// generation.
+    fn matched_own<'k>(
+        &mut self,
+        recording: &Inner,
+        step: usize,
+        handed: impl Iterator<Item = Option<&'k Key>>,
+    ) {
+        let traced = recording
+            .traced(step)
+            .flatten()
+            .expect("a matched step is a traced one");
+        for (key, slot) in handed.zip(&traced.outputs) {
+            if let (Some(key), Some(slot)) = (key, slot) {
                 self.latest.insert(slot.key(), slot.generation());
                 self.stand_ins.insert(key.clone(), slot.key());
             }
         }
-        self.next = step + 1;
-        self.matched += 1;
-        Ok(step)
     }
 
     /// The first argument that reads another value than the recorded op's `recorded`
@@ -430,16 +608,5 @@ impl Tracer {
         !of_the_step
             && !self.recording.reads_outside(&Slot::new(key.clone(), 0))
             && pin.take(key, *tensor)
-    }
-
-    /// Stops matching at the current op: the recorded ops matched so far compute, and
-    /// their stand-ins take what they computed.
-    fn diverge(&mut self, change: Difference) -> Result<(), String> {
-        tracing::debug!(?change, "a trace stopped matching its graph");
-        self.diverged = Some(change);
-        let supplied = std::mem::take(&mut self.supplied);
-        self.recording
-            .fill_until(self.next, supplied.into_iter().collect())
-            .map_err(|missing| missing.to_string())
     }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use super::guard;
 use super::input::InputKey;
 use super::mode::{FallbackReason, StepChange};
+use super::paths::Paths;
 use crate::backend::{CaptureBreaker, ExternalRead, OpSignature};
 
 /// What one recorded step did, as far as graph decisions go.
@@ -157,7 +158,46 @@ struct Entry<G> {
     used: u64,
     restarts: usize,
     disables: u32,
+    /// The shape's graphs of other paths of the step closure (a host branch), most
+    /// recently matched first: a trace picks among them and the phase's graph.
+    branches: Branches<G>,
+    /// Paths its warmup saw besides the one it counts now.
+    paths: Paths,
 }
+
+/// The graphs a shape keeps for paths of its step other than the one it warms up or
+/// replays, and how trying for a new path goes.
+#[derive(Debug)]
+struct Branches<G> {
+    graphs: Vec<G>,
+    /// Steps spent warming up and capturing the new path.
+    tries: usize,
+    /// Steps that differ from every graph to run eagerly, graphs kept, before a new
+    /// path is tried again.
+    wait: usize,
+    /// Times trying for a new path gave up since the shape last got a graph.
+    gave_up: u32,
+}
+
+impl<G> Branches<G> {
+    fn new() -> Self {
+        Self {
+            graphs: Vec::new(),
+            tries: 0,
+            wait: 0,
+            gave_up: 0,
+        }
+    }
+}
+
+/// Steps a shape with graphs spends warming up and capturing a new path before it
+/// gives up and replays the paths it has.
+const BRANCH_TRIES: usize = 64;
+
+/// Steps that differ from every graph of a shape, run eagerly, before it tries for a
+/// new path again after giving up once (doubled at each repeat, up to [`MAX_BACKOFF`]
+/// times).
+const BRANCH_WAIT: usize = 8;
 
 impl<G> Entry<G> {
     fn new(used: u64) -> Self {
@@ -166,7 +206,48 @@ impl<G> Entry<G> {
             used,
             restarts: 0,
             disables: 0,
+            branches: Branches::new(),
+            paths: Paths::default(),
         }
+    }
+
+    /// Whether `step` took the path of one of the shape's branches.
+    fn has_graph_for(&self, step: &Observation) -> bool
+    where
+        G: Recorded,
+    {
+        self.branches
+            .graphs
+            .iter()
+            .any(|graph| step.change_from(graph.observation()).is_none())
+    }
+
+    /// Graphs alive for this shape.
+    fn graphs(&self) -> usize {
+        usize::from(self.phase.graph().is_some()) + self.branches.graphs.len()
+    }
+
+    /// Stops trying for a new path: the most recently matched graph replays again, and
+    /// the next steps that differ from every graph run eagerly for a wait that doubles
+    /// each time. False if there is no graph to go back to.
+    fn give_up_branch(&mut self) -> bool {
+        if self.branches.graphs.is_empty() {
+            return false;
+        }
+        let graph = self.branches.graphs.remove(0);
+        let doubling = self.branches.gave_up.min(MAX_BACKOFF.trailing_zeros());
+        self.branches.gave_up = self.branches.gave_up.saturating_add(1);
+        self.branches.wait = BRANCH_WAIT << doubling;
+        self.branches.tries = 0;
+        self.phase = Phase::Captured {
+            graph,
+            checked_at: self.used,
+        };
+        tracing::debug!(
+            wait = self.branches.wait,
+            "a new path did not graph; the shape replays the paths it has"
+        );
+        true
     }
 
     /// Makes the shape eager for `reason`, for a wait that doubles with every time it
@@ -177,6 +258,8 @@ impl<G> Entry<G> {
         self.disables = self.disables.saturating_add(1);
         let left = (rewarm_after > 0).then(|| rewarm_after.saturating_mul(1 << doubling));
         self.phase = Phase::Disabled { reason, left };
+        self.branches.graphs.clear();
+        self.paths.clear();
     }
 }
 
@@ -191,6 +274,10 @@ pub(crate) enum Plan {
     Capture,
     /// Replay this shape's graph.
     Replay,
+    /// Trace the step against the shape's graphs, each recorded on another path of the
+    /// step closure, and replay the one it matches; a step that matches none runs
+    /// eagerly, observed, as a warmup step of its new path.
+    Branch,
     /// Run as the first warmup step of a shape whose graph was just dropped, for this
     /// reason (a constant it reads is gone).
     Rewarm(FallbackReason),
@@ -258,44 +345,6 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
-    /// The phase after `done` warmup steps that all did what `last` did.
-    fn warming(&self, done: usize, last: Observation) -> Phase<G> {
-        if done >= self.limits.warmup_steps {
-            Phase::Ready(last)
-        } else {
-            Phase::Warming {
-                done,
-                seen: Some(last),
-            }
-        }
-    }
-
-    /// The phase after a step that did not do what the steps before it did: its warmup
-    /// starts over with this step as the first, so that work done once (a constant built
-    /// lazily on first use, an anchor that parts from the trainer's buffers after the
-    /// first update) settles. After `max_restarts` restarts the shape stays eager for
-    /// `reason` (the `Err`). A step that cannot be graphed itself (a breaker) starts it
-    /// over empty.
-    fn restarted(
-        &self,
-        restarts: usize,
-        step: Observation,
-        reason: FallbackReason,
-    ) -> Result<Phase<G>, FallbackReason> {
-        if restarts > self.limits.max_restarts {
-            return Err(reason);
-        }
-        if step.verdict(None).is_some() {
-            return Ok(placeholder());
-        }
-        // Counted as a warmup step, except where it would be the last: the last one
-        // must run on the pins (`Graphs::rehearsal_inputs`).
-        Ok(Phase::Warming {
-            done: 1.min(self.limits.warmup_steps - 1),
-            seen: Some(step),
-        })
-    }
-
     /// Decides how the step for `key` runs. `hardware` tells whether graphs exist.
     pub(crate) fn plan(&mut self, key: &InputKey, hardware: bool) -> Plan {
         self.clock += 1;
@@ -331,6 +380,7 @@ impl<G: Recorded> GraphCache<G> {
             entry.phase = Phase::Suspect { graph, check };
         }
         match &mut entry.phase {
+            Phase::Warming { .. } if !entry.branches.graphs.is_empty() => Plan::Branch,
             Phase::Warming { .. } => Plan::Warmup,
             Phase::Ready(_) if !hardware => Plan::Eager(FallbackReason::NoHardwareGraphs),
             Phase::Ready(_) => self.make_room(key),
@@ -346,11 +396,21 @@ impl<G: Recorded> GraphCache<G> {
         if self.limits.max_graphs == 0 {
             return Plan::Eager(FallbackReason::GraphCacheFull);
         }
+        if self.graphs_alive() >= self.limits.max_graphs
+            && let Some(entry) = self.entries.get_mut(key)
+            && entry.branches.graphs.pop().is_some()
+        {
+            tracing::debug!(
+                ?key,
+                "graph cache full: the shape's least recently matched path makes room"
+            );
+            self.evictions += 1;
+        }
         if self.graphs_alive() >= self.limits.max_graphs {
             let victim = self
                 .entries
                 .iter()
-                .filter(|(other, entry)| *other != key && entry.phase.graph().is_some())
+                .filter(|(other, entry)| *other != key && entry.graphs() > 0)
                 .min_by_key(|(_, entry)| entry.used)
                 .map(|(other, _)| other.clone());
             if let Some(victim) = victim {
@@ -364,11 +424,7 @@ impl<G: Recorded> GraphCache<G> {
 
     /// Forgets the least recently used shape without a graph, if too many are kept.
     fn forget_one_without_graph(&mut self) {
-        let without = || {
-            self.entries
-                .iter()
-                .filter(|(_, entry)| entry.phase.graph().is_none())
-        };
+        let without = || self.entries.iter().filter(|(_, entry)| entry.graphs() == 0);
         if without().count() < MAX_SHAPES_WITHOUT_GRAPH {
             return;
         }
@@ -380,32 +436,94 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
-    /// Sets the phase of `key` after a step that did not do what the ones before did.
+    /// Counts a step of `key` that took a path unlike the one its warmup counts now.
+    /// A path the warmup saw before is counted on (several paths may come in any
+    /// order); a new one starts the warmup over from this step, so that work done once
+    /// (a constant built lazily on first use, an anchor that parts from the trainer's
+    /// buffers after the first update) settles. After `max_restarts` new paths the
+    /// shape gives up: it replays the graphs it has, or stays eager for `reason`. A step
+    /// that cannot be graphed itself (a breaker) starts the warmup over empty.
     fn restart(&mut self, key: &InputKey, step: Observation, reason: FallbackReason) {
-        let Some(restarts) = self.entries.get(key).map(|entry| entry.restarts + 1) else {
+        let (warmup_steps, max_restarts) = (self.limits.warmup_steps, self.limits.max_restarts);
+        let rewarm_after = self.limits.rewarm_after;
+        let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        let phase = self.restarted(restarts, step, reason);
-        let rewarm_after = self.limits.rewarm_after;
-        let entry = self.entries.get_mut(key).expect("looked up above");
-        entry.restarts = restarts;
-        match phase {
-            Ok(phase) => entry.phase = phase,
-            Err(reason) => entry.disable(reason, rewarm_after),
+        let current = match std::mem::replace(&mut entry.phase, placeholder()) {
+            Phase::Warming {
+                done,
+                seen: Some(seen),
+            } => Some((seen, done)),
+            Phase::Ready(seen) => Some((seen, warmup_steps)),
+            _ => None,
+        };
+        let graphable = step.verdict(None).is_none();
+        let taken = graphable.then(|| entry.paths.take(&step)).flatten();
+        if let Some((seen, done)) = current {
+            entry.paths.remember(seen, done);
         }
+        let done = match taken {
+            Some(before) => before + 1,
+            None => {
+                entry.restarts += 1;
+                if entry.restarts > max_restarts {
+                    if !entry.give_up_branch() {
+                        entry.disable(reason, rewarm_after);
+                    }
+                    return;
+                }
+                // Counted as a warmup step, except where it would be the last of the
+                // only path seen: the last one must run on the pins
+                // (`Graphs::rehearsal_inputs`), which every step of a shape with
+                // several paths does.
+                if entry.paths.is_empty() {
+                    1.min(warmup_steps - 1)
+                } else {
+                    1
+                }
+            }
+        };
+        entry.phase = match graphable {
+            true if done >= warmup_steps => Phase::Ready(step),
+            true => Phase::Warming {
+                done,
+                seen: Some(step),
+            },
+            false => placeholder(),
+        };
     }
 
     /// Records a warmup step. Returns the reason it did not count as one, if it did
-    /// not: it started the shape's warmup over, or disabled the shape.
+    /// not: it took another path than the steps before, started the shape's warmup over,
+    /// or disabled the shape. Beside graphs of other paths, a step of one of those does
+    /// not count, and the shape gives up after [`BRANCH_TRIES`] steps.
     pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
-        let Some(Phase::Warming { done, seen }) = self.entries.get(key).map(|entry| &entry.phase)
-        else {
+        let warmup_steps = self.limits.warmup_steps;
+        let entry = self.entries.get_mut(key)?;
+        if !matches!(entry.phase, Phase::Warming { .. }) {
             return None;
+        }
+        if !entry.branches.graphs.is_empty() {
+            entry.branches.tries += 1;
+            if entry.branches.tries >= BRANCH_TRIES {
+                entry.give_up_branch();
+                return None;
+            }
+            if entry.has_graph_for(&step) {
+                return None;
+            }
+        }
+        let Phase::Warming { done, seen } = &mut entry.phase else {
+            unreachable!("warming: checked above");
         };
         match step.verdict(seen.as_ref()) {
             None => {
-                let phase = self.warming(done + 1, step);
-                self.entries.get_mut(key).expect("looked up above").phase = phase;
+                *done += 1;
+                if *done >= warmup_steps {
+                    entry.phase = Phase::Ready(step);
+                } else {
+                    *seen = Some(step);
+                }
                 None
             }
             Some(reason) => {
@@ -415,15 +533,40 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
-    /// Whether the next step of `key` is its last warmup step (the one before capture).
+    /// Whether the next step of `key` may be its last warmup step (the one before
+    /// capture), and so must run on the pins: where several paths were seen, any step.
     pub(crate) fn last_warmup(&self, key: &InputKey) -> bool {
         matches!(
-            self.entries.get(key).map(|entry| &entry.phase),
-            Some(Phase::Warming { done, .. }) if done + 1 >= self.limits.warmup_steps
+            self.entries.get(key),
+            Some(Entry { phase: Phase::Warming { done, .. }, branches, paths, .. })
+                if done + 1 >= self.limits.warmup_steps
+                    || !branches.graphs.is_empty()
+                    || !paths.is_empty()
         )
     }
 
+    /// Why the step a capture of `key` recorded cannot stand for later steps: `None`
+    /// where it took the path warmup made ready, or another path warmup saw recur as
+    /// often (a host branch took it this time), and no branch has that path's graph.
+    pub(crate) fn capture_verdict(
+        &self,
+        key: &InputKey,
+        step: &Observation,
+    ) -> Option<FallbackReason> {
+        let entry = self.entries.get(key);
+        let ready = match entry.map(|entry| &entry.phase) {
+            Some(Phase::Ready(seen)) => Some(seen),
+            _ => None,
+        };
+        let verdict = step.verdict(ready)?;
+        let recurred = entry.is_some_and(|entry| {
+            entry.paths.recurs(step, self.limits.warmup_steps) && !entry.has_graph_for(step)
+        });
+        (!recurred).then_some(verdict)
+    }
+
     /// What the warmup steps of `key` did, once it is ready for capture.
+    #[cfg(test)]
     pub(crate) fn warmed_up(&self, key: &InputKey) -> Option<&Observation> {
         match self.entries.get(key).map(|entry| &entry.phase) {
             Some(Phase::Ready(seen)) => Some(seen),
@@ -431,27 +574,137 @@ impl<G: Recorded> GraphCache<G> {
         }
     }
 
-    /// Stores the graph captured for `key`; its warmup restarts are forgiven.
+    /// Stores the graph captured for `key`; its warmup restarts are forgiven. A graph
+    /// the shape already has (a data-parallel capture kept unlaunched) moves into its
+    /// branches; the path warmup made ready, where the capture took another, is
+    /// remembered as warmed up.
     pub(crate) fn captured(&mut self, key: &InputKey, graph: G) {
         let used = self.clock;
+        let warmup_steps = self.limits.warmup_steps;
         let entry = self.entries.entry(key.clone()).or_insert(Entry::new(used));
+        entry.paths.take(graph.observation());
+        let other_path = |seen: &Observation| graph.observation().verdict(Some(seen)).is_some();
+        match std::mem::replace(&mut entry.phase, placeholder()) {
+            Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => {
+                entry.branches.graphs.insert(0, graph);
+            }
+            Phase::Ready(seen) if other_path(&seen) => entry.paths.remember(seen, warmup_steps),
+            _ => {}
+        }
         entry.phase = Phase::Captured {
             graph,
             checked_at: used,
         };
         entry.restarts = 0;
         entry.disables = 0;
+        entry.branches.tries = 0;
+        entry.branches.gave_up = 0;
     }
 
-    /// A capture of `key` whose recorded step did not do what warmup did: the shape's
-    /// warmup starts over from that step, as after such a warmup step.
+    /// A capture of `key` whose recorded step took a path warmup did not make ready:
+    /// counted as a warmup step of that path, after which the shape is ready again
+    /// for the path it was ready for (the step closure takes it when it takes it). A
+    /// step of a path a branch has a graph for counts towards giving up.
     pub(crate) fn capture_differed(
         &mut self,
         key: &InputKey,
         step: Observation,
         reason: FallbackReason,
     ) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let Phase::Ready(ready) = &entry.phase else {
+            return self.restart(key, step, reason);
+        };
+        if !entry.branches.graphs.is_empty() {
+            entry.branches.tries += 1;
+            if entry.branches.tries >= BRANCH_TRIES {
+                entry.give_up_branch();
+                return;
+            }
+            if entry.has_graph_for(&step) {
+                return;
+            }
+        }
+        let ready = ready.clone();
         self.restart(key, step, reason);
+        // The path made ready stays ready (remembered by the restart at its length).
+        if let Some(entry) = self.entries.get_mut(key)
+            && let Phase::Warming { seen: Some(_), .. } = entry.phase
+            && entry.paths.take(&ready).is_some()
+        {
+            let Phase::Warming {
+                done,
+                seen: Some(seen),
+            } = std::mem::replace(&mut entry.phase, Phase::Ready(ready))
+            else {
+                unreachable!("warming on a path: checked above");
+            };
+            entry.paths.remember(seen, done);
+        }
+    }
+
+    /// A trace of `key` matched its graph `index` (in [`graphs`](Self::graphs)'
+    /// order): that graph becomes the one replayed and traced first.
+    pub(crate) fn matched(&mut self, key: &InputKey, index: usize) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let branches = &mut entry.branches.graphs;
+        match &mut entry.phase {
+            Phase::Captured { graph: current, .. } if (1..=branches.len()).contains(&index) => {
+                let graph = std::mem::replace(current, branches.remove(index - 1));
+                branches.insert(0, graph);
+            }
+            Phase::Captured { .. } => {}
+            _ if index < branches.len() => {
+                let graph = branches.remove(index);
+                branches.insert(0, graph);
+            }
+            _ => {}
+        }
+    }
+
+    /// A step of `key` differed from every graph of the shape and ran eagerly: the
+    /// graphs stay (a host branch takes their paths again) and the shape warms up the
+    /// new path beside them; while it waits after giving up on one, nothing changes.
+    pub(crate) fn branch(&mut self, key: &InputKey) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        if entry.branches.wait > 0 {
+            entry.branches.wait -= 1;
+            return;
+        }
+        if let Phase::Captured { graph, .. } = std::mem::replace(&mut entry.phase, placeholder()) {
+            entry.branches.graphs.insert(0, graph);
+        }
+        entry.branches.tries = 0;
+        entry.restarts = 0;
+    }
+
+    /// The graphs of `key` a trace chooses among: the graph it replays first, then the
+    /// branches, most recently matched first.
+    pub(crate) fn graphs(&self, key: &InputKey) -> Vec<&G> {
+        let Some(entry) = self.entries.get(key) else {
+            return Vec::new();
+        };
+        let current = match &entry.phase {
+            Phase::Captured { graph, .. } => Some(graph),
+            _ => None,
+        };
+        current.into_iter().chain(&entry.branches.graphs).collect()
+    }
+
+    /// The graph a replay of `key` launches unless a trace picks another: the one it
+    /// replays, or while it warms up a new path, its most recently matched branch.
+    pub(crate) fn first(&self, key: &InputKey) -> Option<&G> {
+        let entry = self.entries.get(key)?;
+        match &entry.phase {
+            Phase::Captured { graph, .. } => Some(graph),
+            _ => entry.branches.graphs.first(),
+        }
     }
 
     /// Records a verifying step of a suspect graph: the graph replays again when the
@@ -467,7 +720,10 @@ impl<G: Recorded> GraphCache<G> {
         else {
             unreachable!("a suspect graph: checked above");
         };
-        let Some(change) = step.change_from(graph.observation()) else {
+        let Some(change) = step
+            .change_from(graph.observation())
+            .filter(|_| !entry.has_graph_for(&step))
+        else {
             entry.phase = Phase::Captured {
                 graph,
                 checked_at: self.clock,
@@ -487,6 +743,8 @@ impl<G: Recorded> GraphCache<G> {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.phase = placeholder();
             entry.restarts = 0;
+            entry.branches.graphs.clear();
+            entry.paths.clear();
         }
     }
 
@@ -509,6 +767,7 @@ impl<G: Recorded> GraphCache<G> {
     /// Marks every graph suspect: each must match an eager step before it replays.
     pub(crate) fn suspect_graphs(&mut self) {
         for entry in self.entries.values_mut() {
+            entry.branches.graphs.clear();
             entry.phase = match std::mem::replace(&mut entry.phase, placeholder()) {
                 Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => Phase::Suspect {
                     graph,
@@ -521,16 +780,18 @@ impl<G: Recorded> GraphCache<G> {
 
     /// Drops the graph of `key`, if it has one: its next step captures again.
     pub(crate) fn drop_graph(&mut self, key: &InputKey) {
-        if let Some(entry) = self.entries.get_mut(key)
-            && let Some(graph) = entry.phase.graph()
-        {
-            entry.phase = Phase::Ready(graph.observation().clone());
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.branches.graphs.clear();
+            if let Some(graph) = entry.phase.graph() {
+                entry.phase = Phase::Ready(graph.observation().clone());
+            }
         }
     }
 
     /// Drops every graph; their shapes get captured again at their next step.
     pub(crate) fn drop_graphs(&mut self) {
         for entry in self.entries.values_mut() {
+            entry.branches.graphs.clear();
             if let Some(graph) = entry.phase.graph() {
                 entry.phase = Phase::Ready(graph.observation().clone());
             }
@@ -543,6 +804,7 @@ impl<G: Recorded> GraphCache<G> {
     pub(crate) fn rewarm(&mut self) {
         let last = self.limits.warmup_steps - 1;
         for entry in self.entries.values_mut() {
+            entry.branches.graphs.clear();
             let observation = match &entry.phase {
                 Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => {
                     graph.observation().clone()
@@ -573,10 +835,7 @@ impl<G: Recorded> GraphCache<G> {
 
     /// Number of graphs alive.
     pub(crate) fn graphs_alive(&self) -> usize {
-        self.entries
-            .values()
-            .filter(|entry| entry.phase.graph().is_some())
-            .count()
+        self.entries.values().map(Entry::graphs).sum()
     }
 
     /// Graphs dropped so far to make room for another shape's.
@@ -777,20 +1036,20 @@ mod tests {
         let mut cache = GraphCache::<Fake>::new(limits(4, 3));
         cache.plan(&key(8), true);
         assert_eq!(cache.warmed(&key(8), observed(2, &[])), None);
-        let reason = FallbackReason::NonStaticControlFlow {
-            first_difference: 2,
-        };
-        // Three restarts, each with the differing step as the new first warmup step.
-        for ops in [3, 2, 3] {
+        // Three restarts, each with a step of a new path as the new first warmup step.
+        for ops in [3, 4, 5] {
             assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
             let reason = cache.warmed(&key(8), observed(ops, &[])).unwrap();
             assert_eq!(reason.kind(), "NonStaticControlFlow");
         }
         assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+        let reason = FallbackReason::NonStaticControlFlow {
+            first_difference: 5,
+        };
         assert_eq!(
-            cache.warmed(&key(8), observed(2, &[])),
+            cache.warmed(&key(8), observed(6, &[])),
             Some(reason.clone()),
-            "the fourth restart disables the shape"
+            "the fourth new path disables the shape"
         );
         assert_eq!(cache.plan(&key(8), true), Plan::Eager(reason));
     }
@@ -809,16 +1068,39 @@ mod tests {
 
     #[test]
     fn a_restart_never_skips_the_rehearsed_last_warmup_step() {
-        let mut cache = GraphCache::<Fake>::new(limits(4, 1));
+        let mut cache = GraphCache::<Fake>::new(limits(4, 2));
+        warm_reading(&mut cache, &key(8), 1, &[1]);
+        // A step unlike the first: the warmup starts over with it, and the step after it
+        // is the last warmup step before the capture, run on the pins.
         cache.plan(&key(8), true);
-        assert_eq!(cache.warmed(&key(8), observed(2, &[1])), None);
-        assert_eq!(cache.plan(&key(8), true), Plan::Capture);
-        // A capture unlike warmup: the shape warms up again, and its next step is its
-        // last warmup step (run on the pins) before the next capture.
-        cache.capture_differed(&key(8), observed(2, &[2]), FallbackReason::Warmup);
+        assert!(cache.warmed(&key(8), observed(3, &[1])).is_some());
         assert!(cache.last_warmup(&key(8)));
-        warm_reading(&mut cache, &key(8), 1, &[2]);
+    }
+
+    #[test]
+    fn paths_taken_in_any_order_each_warm_up_and_a_capture_may_take_any_that_recurred() {
+        let mut cache = GraphCache::<Fake>::new(limits(4, 3));
+        let (a, b, c) = (observed(2, &[]), observed(3, &[]), observed(4, &[]));
+        // Two paths interleaved: each counts on; neither restarts the warmup for good.
+        for (index, step) in [&a, &b, &a, &b].into_iter().enumerate() {
+            assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+            cache.warmed(&key(8), step.clone());
+            // Once two paths were seen, every step may end the warmup.
+            assert_eq!(cache.last_warmup(&key(8)), index > 0);
+        }
+        assert_eq!(cache.plan(&key(8), true), Plan::Warmup);
+        // Another path than the step before: said so, and counted on.
+        assert!(cache.warmed(&key(8), a.clone()).is_some());
+        assert_eq!(cache.plan(&key(8), true), Plan::Capture, "a took 3 steps");
+        // The capture took b, which recurred as often with this step: it graphs.
+        assert_eq!(cache.capture_verdict(&key(8), &b), None);
+        // A new path is no graph for it: counted as its first step, a still ready.
+        assert!(cache.capture_verdict(&key(8), &c).is_some());
+        cache.capture_differed(&key(8), c.clone(), FallbackReason::Warmup);
         assert_eq!(cache.plan(&key(8), true), Plan::Capture);
+        assert_eq!(cache.capture_verdict(&key(8), &a), None);
+        cache.captured(&key(8), Fake("a", a.clone()));
+        assert_eq!(cache.plan(&key(8), true), Plan::Replay);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use super::pinning::{Pinned, Pins, copy_float};
 use crate::backend::Captured as Window;
 use crate::backend::constant_pin::{ConstantPin, PinSlot, Swapping};
 use crate::backend::session::Kept;
-use crate::backend::trace::{TraceRecording, Untraced};
+use crate::backend::trace::{Candidate, Untraced};
 use crate::backend::{
     Allocated, AllocationId, AnyTensor, CaptureSession, ExternalRead, GraphBackend, GraphCapture,
     GraphError, Holder, TensorKind, TrainBackend,
@@ -410,6 +410,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let owned = owned_copy(&step.outputs);
         Ok(match recorded {
             Recorded::Graph(step) => {
+                self.rehearsed.remove(key);
                 self.cache.captured(key, step);
                 Captured::Graph(owned)
             }
@@ -445,7 +446,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         // Constants known by place are read through pins, made (outside the window) from
         // those the rehearsal read.
         let by_place = constants_by_place::<G>(cx.rank.is_some());
-        let rehearsed = self.rehearsed.remove(key).unwrap_or_default();
+        // Kept until a capture of the shape succeeds: one that takes another path than
+        // warmup made ready is tried again.
+        let rehearsed = self.rehearsed.get(key).cloned().unwrap_or_default();
         let constant_pins = match by_place {
             true => pins_for::<G>(rehearsed),
             false => Vec::new(),
@@ -505,7 +508,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let traced = G::trace_recording(&graph).is_some();
         let (constants, pins) = constants_of::<G>(&mut observation, &kept, swapped, traced);
         observation.by_place = by_place && traced;
-        let differs = observation.verdict(self.cache.warmed_up(key));
+        let differs = self.cache.capture_verdict(key, &observation);
         let step = CapturedStep {
             graph,
             inputs: static_inputs,
@@ -559,7 +562,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         O: CapturableOptimizer<M, TrainBackend<G>>,
     {
         self.check_pins(learner)?;
-        let Some(step) = self.cache.graph(key) else {
+        let Some(step) = self.cache.first(key) else {
             return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
         let fatal = |error| Fallback::trainer(FallbackReason::Graph(error));
@@ -571,16 +574,71 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         Ok(())
     }
 
-    /// What a trace of `key`'s step matches, with the batch inputs its graph reads (the
-    /// trace runs the closure on them, as the capture did) and the pins it reads
-    /// constants through, where the graph has one.
-    pub(crate) fn trace_of(&self, key: &InputKey) -> Option<TraceOf<G>> {
-        let step = self.cache.graph(key)?;
-        let pins = match &step.pins {
-            ConstantPins::Traced(pins) => pins.clone(),
-            ConstantPins::Fixed(_) => Vec::new(),
+    /// The graphs a trace of `key`'s step chooses among, the one its replay is
+    /// prepared for first, and the batch inputs the trace runs the closure on (that
+    /// graph's, as its capture did). Each graph comes with the pins it reads constants
+    /// through and, beside its recording, its own batch inputs for the ones the step
+    /// reads. Empty where the graph has no recording to trace.
+    pub(crate) fn traces_of(&self, key: &InputKey) -> (Vec<Candidate>, Vec<AnyTensor<G>>) {
+        let graphs = self.cache.graphs(key);
+        let Some(first) = graphs.first() else {
+            return (Vec::new(), Vec::new());
         };
-        Some((G::trace_recording(&step.graph)?, step.inputs.clone(), pins))
+        // Names read only where another graph needs them (each costs an id read).
+        let read = match graphs.len() {
+            1 => Vec::new(),
+            _ => first.inputs.iter().map(AnyTensor::trace_key).collect(),
+        };
+        let candidates = graphs
+            .iter()
+            .enumerate()
+            .map_while(|(index, step)| {
+                let pins = match &step.pins {
+                    ConstantPins::Traced(pins) => pins.clone(),
+                    ConstantPins::Fixed(_) => Vec::new(),
+                };
+                let aliases = match index {
+                    0 => Vec::new(),
+                    _ => read
+                        .iter()
+                        .zip(step.inputs.iter().map(AnyTensor::trace_key))
+                        .filter_map(|(read, own)| Some((read.clone()?, own?)))
+                        .collect(),
+                };
+                Some(Candidate {
+                    recording: G::trace_recording(&step.graph)?,
+                    pins,
+                    aliases,
+                })
+            })
+            .collect();
+        (candidates, first.inputs.clone())
+    }
+
+    /// A trace of `key` matched its graph `index` (in [`traces_of`](Self::traces_of)'s
+    /// order): that graph replays, with the batch copied into its inputs.
+    pub(crate) fn matched<M, O>(
+        &mut self,
+        learner: &mut Learner<M, O>,
+        key: &InputKey,
+        index: usize,
+        inputs: &[AnyTensor<G>],
+    ) -> Result<(), Fallback>
+    where
+        M: AutodiffModule<TrainBackend<G>>,
+        O: CapturableOptimizer<M, TrainBackend<G>>,
+    {
+        if index == 0 {
+            return Ok(());
+        }
+        self.cache.matched(key, index);
+        self.prepare_replay(learner, key, inputs)
+    }
+
+    /// A step of `key` differed from every graph of the shape and ran eagerly: the
+    /// graphs stay for the paths they recorded, and the shape warms up the new one.
+    pub(crate) fn branch(&mut self, key: &InputKey) {
+        self.cache.branch(key);
     }
 
     /// Puts the learner back on the pins without copying: after a trace that matched (it
@@ -602,7 +660,7 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
 
     /// Launches the graph of `key`, prepared by [`prepare_replay`](Self::prepare_replay).
     pub(crate) fn launch_replay(&mut self, key: &InputKey) -> Result<T, Fallback> {
-        let Some(step) = self.cache.graph(key) else {
+        let Some(step) = self.cache.first(key) else {
             return Err(Fallback::step(FallbackReason::PinnedBuffersChanged));
         };
         G::replay(&step.graph).map_err(|e| Fallback::trainer(FallbackReason::Graph(e)))?;
@@ -763,9 +821,6 @@ where
 pub(crate) fn constants_by_place<G: GraphBackend>(data_parallel: bool) -> bool {
     G::pins_constants() && !data_parallel && !Untraced::active()
 }
-
-/// What a trace of a graph matches: its recording, its batch inputs, its constant pins.
-pub(crate) type TraceOf<G> = (TraceRecording, Vec<AnyTensor<G>>, Vec<Arc<ConstantPin>>);
 
 /// The holders of a capture's constants and the pins it read them through. A pinned
 /// read is named by the constant it stood for. A traced graph's pins are filled by its

@@ -17,6 +17,7 @@ mod learner;
 mod mode;
 mod output;
 mod parallel;
+mod paths;
 mod pinning;
 mod random;
 mod registry;

@@ -15,6 +15,7 @@ use super::config::GraphTrainerConfig;
 use super::error::StepError;
 use super::fit;
 use super::graphed::{Captured, Fallback, FallbackScope, Graphs, constants_by_place, on_inputs};
+use super::guard::Accounted;
 use super::input::{InputKey, StepInput, check_batch, host_key};
 use super::learner::{Learner, StepContext, with_own_state};
 use super::mode::{FallbackReason, StepChange, StepMode};
@@ -264,6 +265,7 @@ where
             }
             Plan::Eager(reason) => (self.eager_step(&batch, None)?.0, StepMode::Eager(reason)),
             Plan::Capture | Plan::Replay => self.graph_or_eager(&plan, &key, &batch, &inputs)?,
+            Plan::Branch => self.branch_step(&key, &batch, &inputs)?,
         };
         self.graphs.step_done();
         self.lent.clear();
@@ -315,6 +317,11 @@ where
                 return Err(error);
             }
         };
+        if plan == Plan::Branch {
+            // A rank's replays are not traced, so its shapes never branch; were one to,
+            // its step would be a plain warmup step.
+            plan = Plan::Warmup;
+        }
         if plan == Plan::Replay
             && let Err(fallback) = self.graphs.prepare_replay(&mut self.learner, &key, &inputs)
         {
@@ -328,6 +335,7 @@ where
         }
         let proposal = match &plan {
             Plan::Replay => Proposal::Replay,
+            Plan::Branch => unreachable!("a rank's branch plan is a warmup step (above)"),
             Plan::Capture => Proposal::Capture,
             Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
             Plan::Rewarm(reason) => Proposal::Eager(reason.clone()),
@@ -486,18 +494,67 @@ where
         } else {
             self.eager_step(batch, Some(session()))?
         };
-        let recording = recording.unwrap_or_default();
+        let observed =
+            self.observation(&accounted, recording.unwrap_or_default(), by_place, keeping);
+        Ok((output, observed))
+    }
+
+    /// What an eager step recorded, as the graph cache judges it; the constants it read
+    /// are kept for the capture pins of `keeping`'s shape, if given.
+    fn observation(
+        &mut self,
+        accounted: &Accounted,
+        recording: Recording,
+        by_place: bool,
+        keeping: Option<&InputKey>,
+    ) -> Observation {
         if let Some(key) = keeping {
             let reads = accounted.unaccounted(recording.reads.clone());
             self.graphs.rehearsed(key, &reads, recording.kept());
         }
-        let observed = Observation {
+        Observation {
             signature: recording.signature,
             breakers: recording.breakers,
             unaccounted: accounted.unaccounted(recording.reads),
             by_place,
+        }
+    }
+
+    /// A step of a shape that warms up a new path of its step closure beside graphs of
+    /// its other paths: traced against them, it replays the one it matches; a step
+    /// that matches none ran eagerly, observed whole, and counts as a warmup step of
+    /// the new path.
+    fn branch_step(
+        &mut self,
+        key: &InputKey,
+        batch: &I,
+        inputs: &[AnyTensor<G>],
+    ) -> Result<(R::Item, StepMode), StepError> {
+        let traced = self
+            .graphs
+            .prepare_replay(&mut self.learner, key, inputs)
+            .and_then(|()| self.trace(key, batch, inputs, true));
+        let attempt = match traced {
+            Ok(None) => self
+                .graphs
+                .launch_replay(key)
+                .map(|output| (output, StepMode::Replayed)),
+            Ok(Some(TracedEager {
+                item,
+                mode,
+                observed,
+            })) => {
+                let reason = observed.and_then(|observed| self.graphs.warmed(key, observed));
+                return Ok((item, reason.map_or(mode, StepMode::Eager)));
+            }
+            Err(fallback) => Err(fallback),
         };
-        Ok((output, observed))
+        let reason = match attempt {
+            Ok(done) => return Ok(done),
+            Err(fallback) => self.absorb(fallback, key)?,
+        };
+        let (output, _) = self.eager_step(batch, None)?;
+        Ok((output, StepMode::Eager(reason)))
     }
 
     /// Runs a graph step, or the step eagerly with the reason the graph step failed.
@@ -543,8 +600,8 @@ where
     ) -> Result<(R::Item, StepMode), Fallback> {
         let Some(rank) = &self.rank else {
             self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
-            if let Some(eager) = self.trace(key, batch)? {
-                return Ok(eager);
+            if let Some(eager) = self.trace(key, batch, inputs, false)? {
+                return Ok((eager.item, eager.mode));
             }
             let output = self.graphs.launch_replay(key)?;
             return Ok((output, StepMode::Replayed));
@@ -558,28 +615,41 @@ where
             })
     }
 
-    /// Traces the step against `key`'s graph (`backend::trace`): the closure, backward
-    /// pass and update run on the graph's batch inputs, each op matched instead of run.
-    /// `None`: every op matched (or the graph has no trace recording), and the graph may
-    /// launch; else the step, which went on eagerly from the first difference, with the
-    /// difference as its reason (the shape warms up again).
+    /// Traces the step against `key`'s graphs (`backend::trace`): the closure, backward
+    /// pass and update run on the first graph's batch inputs, each op matched instead
+    /// of run. `None`: every op of a graph matched (or the graphs have no trace
+    /// recording), and that graph, now the first, may launch. Otherwise the step went
+    /// on eagerly from the first difference, with the difference as its reason; the
+    /// graphs stay, and the shape warms up the new path beside them. An `observing`
+    /// trace records the whole step as an eager one (the shape already warms up a new
+    /// path: the step is one of its warmup steps).
     fn trace(
         &mut self,
         key: &InputKey,
         batch: &I,
-    ) -> Result<Option<(R::Item, StepMode)>, Fallback> {
-        let Some((recording, static_inputs, pins)) = self.graphs.trace_of(key) else {
-            return Ok(None);
-        };
-        let Some(trace) = Trace::begin(&recording, &pins) else {
+        inputs: &[AnyTensor<G>],
+        observing: bool,
+    ) -> Result<Option<TracedEager<R::Item>>, Fallback> {
+        let (candidates, static_inputs) = self.graphs.traces_of(key);
+        let Some(trace) = Trace::begin(&candidates, observing) else {
             return Ok(None);
         };
         let started = Instant::now();
         let static_batch = on_inputs(batch, &static_inputs);
-        let session = CaptureSession::begin();
+        let by_place = constants_by_place::<G>(self.rank.is_some());
+        let accounted = observing.then(|| {
+            self.graphs
+                .owned(&mut self.learner)
+                .with(static_inputs.iter().map(AnyTensor::allocation_id))
+                .with([self.random.accounted()])
+        });
+        let session = match &accounted {
+            Some(accounted) if by_place => CaptureSession::begin_keeping(accounted.ids().clone()),
+            _ => CaptureSession::begin(),
+        };
         let (_, mut cx) = self.parts();
         let item = catch_unwind(AssertUnwindSafe(|| cx.train(&static_batch)));
-        drop(session);
+        let recording = session.finish();
         let (item, traced) = match item {
             Ok(item) => (Some(item), trace.end()),
             // The trace could not compute what it had handed out: the closure unwound,
@@ -595,10 +665,11 @@ where
         self.report.trace_ms += started.elapsed().as_secs_f64() * 1e3;
         let (graphs, cx) = self.parts();
         match traced {
-            Traced::Matched => {
+            Traced::Matched(index) => {
                 graphs.reseat(cx.learner);
                 item.expect("a matched trace ran the closure to its end")
                     .map_err(Fallback::Refused)?;
+                graphs.matched(cx.learner, key, index, inputs)?;
                 self.report.traces_matched += 1;
                 Ok(None)
             }
@@ -608,14 +679,21 @@ where
                     .map_err(Fallback::Refused)?;
                 cx.random.advance_eager();
                 graphs.write_back_eager(cx.learner);
-                graphs.stale(key);
+                if !observing {
+                    graphs.branch(key);
+                }
                 self.register_buffers();
                 let change = StepChange::from(difference);
-                tracing::info!(%change, "a step differed from its graph; it ran eagerly");
-                Ok(Some((
-                    detached(&item),
-                    StepMode::Eager(FallbackReason::GraphStale { change }),
-                )))
+                tracing::info!(%change, "a step differed from its graphs; it ran eagerly");
+                let observed = accounted.map(|accounted| {
+                    let keeping = Some(key).filter(|_| by_place);
+                    self.observation(&accounted, recording, by_place, keeping)
+                });
+                Ok(Some(TracedEager {
+                    item: detached(&item),
+                    mode: StepMode::Eager(FallbackReason::GraphStale { change }),
+                    observed,
+                }))
             }
             Traced::Failed(why) => {
                 // Nothing the trace ran is kept: the pins hold the values before the step.
@@ -709,6 +787,14 @@ where
         }
         self.shared_with = shared;
     }
+}
+
+/// A traced step that matched no graph and ran eagerly: its item, its mode, and what it
+/// did where the trace observed it.
+struct TracedEager<T> {
+    item: T,
+    mode: StepMode,
+    observed: Option<Observation>,
 }
 
 /// A trainer's graphs, and apart from them the rest of it that a step borrows.

@@ -12,7 +12,7 @@
 //! so its replays stay untraced and it is not instantiated here.
 
 use burn::prelude::*;
-use burn_graph_capture::{GraphTrainerConfig, StepChange, Untraced};
+use burn_graph_capture::{FallbackReason, GraphTrainerConfig, StepChange, StepMode, Untraced};
 
 use crate::common::Diff;
 use crate::common::{Batch, Model, Stack, loss};
@@ -21,8 +21,8 @@ use crate::stale::{mask, replays, run_both, stale_steps};
 
 const STEPS: usize = 60;
 
-/// Replays a run with a host coin must reach at least: each tails sends the shape back
-/// to warmup (one graph per shape), and a tails in warmup starts it over.
+/// Replays a run with a host coin must reach at least: the first tails sends the shape
+/// into a warmup of its other path, where tails steps are eager until that path graphs.
 const REPLAYS_WITH_A_COIN: usize = 5;
 
 /// How far two runs are apart: the largest relative difference of a loss or a final
@@ -168,7 +168,46 @@ fn a_branch_between_views_of_one_tensor_is_traced<G: Stack>() {
     every_replay_traced(case, &traced, STEPS / 2);
 }
 
+/// Both outcomes of a host coin (70 % heads, seeded by the step) picking one of two loss
+/// terms graph: the step that first differs keeps the graph of heads, tails warms up and
+/// gets its own, and from then on the trace picks the graph of the path each step takes,
+/// so every late step replays, on either outcome.
+fn both_outcomes_of_a_host_coin_replay<G: Stack>() {
+    let case = "both outcomes of a coin";
+    const LONG: usize = 160;
+    const LATE: usize = 40;
+    let coin = |step: usize| (step.wrapping_mul(2_654_435_761) >> 7) % 10 < 7;
+    let (traced, eager) = run_both::<G, bool>(
+        LONG,
+        GraphTrainerConfig::new(),
+        move |step, _| coin(step),
+        |_| true,
+        |model, batch, heads| loss::<G>(model, batch) * if *heads { 1.0 } else { 0.25 },
+    );
+    println!("{case}: modes {:?}", traced.modes);
+    check(case, &traced, &eager);
+    every_replay_traced(case, &traced, LONG / 2);
+    let late = LONG - LATE..LONG;
+    assert!(late.clone().any(coin) && late.clone().any(|step| !coin(step)));
+    let checks = late
+        .clone()
+        .filter(|&step| traced.modes[step] == StepMode::Eager(FallbackReason::ReplayCheck))
+        .count();
+    assert_eq!(
+        replays(&traced, late) + checks,
+        LATE,
+        "{case}: every late step replays (or is the periodic check)"
+    );
+}
+
 mod cube {
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn both_outcomes_of_a_host_coin_replay() {
+        crate::common::trace_from_env();
+        super::both_outcomes_of_a_host_coin_replay::<burn_graph_capture::CudaCube>();
+    }
+
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn a_host_weight_changed_after_the_capture_is_traced() {

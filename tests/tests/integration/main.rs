@@ -23,6 +23,7 @@ mod emulated_graphs;
 mod fused_gru;
 mod fused_lstm;
 mod fuzz;
+mod graph_tree;
 mod learner_strategy;
 mod module_state;
 mod optim_parity;

@@ -122,9 +122,11 @@ fn non_static_control_flow_stays_eager() {
     let mut calls = 0;
     let branching = move |model: &Model, batch: &Batch<B>| {
         calls += 1;
-        let out = model.forward(batch.x.clone());
-        // A host-side branch that changes the ops from one step to the next.
-        let out = if calls % 2 == 0 { out.tanh() } else { out };
+        let mut out = model.forward(batch.x.clone());
+        // A host-side branch that takes a new path at every step.
+        for _ in 0..calls {
+            out = out.tanh();
+        }
         (out - batch.y.clone()).powi_scalar(2).mean()
     };
     let mut trainer =
@@ -137,14 +139,50 @@ fn non_static_control_flow_stays_eager() {
         matches!(reason(&second), FallbackReason::NonStaticControlFlow { .. }),
         "{second:?}"
     );
-    // Each differing step starts the warmup over, `max_warmup_restarts` times; then the
-    // shape stays eager for the same reason.
+    // Each step of a new path starts the warmup over, `max_warmup_restarts` times; then
+    // the shape stays eager for that reason.
     let restarts = GraphTrainerConfig::new().max_warmup_restarts;
     for _ in 0..restarts + 3 {
         let next = trainer.step(task.next_batch(4, 6, &device)).unwrap().mode;
-        assert_eq!(next, second, "the shape stays eager for the same reason");
+        assert!(
+            matches!(reason(&next), FallbackReason::NonStaticControlFlow { .. }),
+            "the shape stays eager for the same reason: {next:?}"
+        );
     }
     assert!(!trainer.report().fallbacks.contains_key("NoHardwareGraphs"));
+}
+
+/// A host branch between two paths, taken in turn: each path's steps count towards its
+/// own warmup, so the shape is ready for a graph after a few steps of each (on the CPU:
+/// `NoHardwareGraphs`), and no step of the run restarts it for good.
+#[test]
+fn two_paths_taken_in_turn_each_warm_up() {
+    let _rng = crate::common::rng::shared();
+    let bytes = model_bytes();
+    let device = Default::default();
+    let mut calls = 0;
+    let branching = move |model: &Model, batch: &Batch<B>| {
+        calls += 1;
+        let out = model.forward(batch.x.clone());
+        let out = if calls % 2 == 0 { out.tanh() } else { out };
+        (out - batch.y.clone()).powi_scalar(2).mean()
+    };
+    let mut trainer =
+        GraphTrainer::new(model(&bytes), adam(), branching, GraphTrainerConfig::new());
+    let mut task = SineTask::new(4, 32);
+    let modes: Vec<StepMode> = (0..12)
+        .map(|_| trainer.step(task.next_batch(4, 6, &device)).unwrap().mode)
+        .collect();
+    let ready = modes
+        .iter()
+        .position(|mode| *mode == StepMode::Eager(FallbackReason::NoHardwareGraphs));
+    assert!(ready.is_some_and(|step| step <= 2 * 3), "{modes:?}");
+    assert!(
+        modes[ready.unwrap()..]
+            .iter()
+            .all(|mode| *mode == StepMode::Eager(FallbackReason::NoHardwareGraphs)),
+        "{modes:?}"
+    );
 }
 
 /// Runs warmup steps with `step_fn` and returns the fallback of the first step.
