@@ -137,6 +137,24 @@ fn run(draw: fn() -> Draw, steps: usize, trainer: bool) -> Run {
 fn check(draw: fn() -> Draw, steps: usize, settled: usize, expected: &[Path]) {
     let plain = run(draw, steps, false);
     let traced = run(draw, steps, true);
+    let replayed = traced
+        .modes
+        .iter()
+        .filter(|mode| **mode == StepMode::Replayed);
+    let settled_from = traced
+        .modes
+        .iter()
+        .rposition(|mode| {
+            !matches!(
+                mode,
+                StepMode::Replayed | StepMode::Eager(FallbackReason::ReplayCheck)
+            )
+        })
+        .map_or(0, |step| step + 1);
+    println!(
+        "{} of {steps} steps replayed; every step from {settled_from} on replays",
+        replayed.count()
+    );
     assert_eq!(traced.paths, plain.paths, "both runs drew the same paths");
     assert_eq!(traced.losses, plain.losses, "losses: {:?}", traced.modes);
     assert_eq!(traced.params, plain.params, "parameters");
