@@ -106,11 +106,16 @@ pub(crate) fn counter_in_debug<T: fmt::Debug + ?Sized>(value: &T, marker: &str) 
 /// The longest marker [`counter_in_debug`] looks for.
 const MARKER_CAPACITY: usize = 32;
 
-/// A `fmt::Write` that looks for a marker and then reads the digits after it.
+/// A `fmt::Write` that looks for a marker and then reads the digits after it. The
+/// marker is matched a byte at a time (Knuth-Morris-Pratt), so that a marker split
+/// across writes, or one that restarts inside itself, is found.
 struct CounterReader<'m> {
     marker: &'m [u8],
-    /// The last bytes seen, right-aligned.
-    window: [u8; MARKER_CAPACITY],
+    /// For each prefix of the marker, the length of its longest proper prefix that is
+    /// also its suffix.
+    fallback: [u8; MARKER_CAPACITY],
+    /// Bytes of the marker matched so far.
+    matched: usize,
     state: ReadState,
 }
 
@@ -132,9 +137,21 @@ impl<'m> CounterReader<'m> {
             !marker.is_empty() && marker.len() <= MARKER_CAPACITY,
             "a marker is 1 to {MARKER_CAPACITY} bytes"
         );
+        let mut fallback = [0; MARKER_CAPACITY];
+        let mut length = 0;
+        for index in 1..marker.len() {
+            while length > 0 && marker[index] != marker[length] {
+                length = usize::from(fallback[length - 1]);
+            }
+            if marker[index] == marker[length] {
+                length += 1;
+            }
+            fallback[index] = length as u8;
+        }
         Self {
             marker,
-            window: [0; MARKER_CAPACITY],
+            fallback,
+            matched: 0,
             state: ReadState::Seeking,
         }
     }
@@ -143,9 +160,13 @@ impl<'m> CounterReader<'m> {
     fn push(&mut self, byte: u8) -> bool {
         self.state = match self.state {
             ReadState::Seeking => {
-                self.window.copy_within(1.., 0);
-                self.window[MARKER_CAPACITY - 1] = byte;
-                if self.window[MARKER_CAPACITY - self.marker.len()..] == *self.marker {
+                while self.matched > 0 && self.marker[self.matched] != byte {
+                    self.matched = usize::from(self.fallback[self.matched - 1]);
+                }
+                if self.marker[self.matched] == byte {
+                    self.matched += 1;
+                }
+                if self.matched == self.marker.len() {
                     ReadState::Digits { value: 0, count: 0 }
                 } else {
                     ReadState::Seeking

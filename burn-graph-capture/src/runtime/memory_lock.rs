@@ -18,13 +18,16 @@
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::{Mutex, PoisonError};
 
 use parking_lot::RawMutex;
 use parking_lot::lock_api::RawMutex as _;
 
-/// One lock per device index, made on first use and kept for the process.
-static LOCKS: Mutex<Vec<&'static RawMutex>> = Mutex::new(Vec::new());
+/// Device indices a process may lock: far more GPUs than one host holds.
+const MAX_DEVICES: usize = 256;
+
+/// One lock per device index, for the process: found without a lock of its own, since
+/// a trace reads an id under one for every input of every op.
+static LOCKS: [RawMutex; MAX_DEVICES] = [const { RawMutex::INIT }; MAX_DEVICES];
 
 thread_local! {
     /// This thread's holds on each device's lock, by device index.
@@ -34,11 +37,9 @@ thread_local! {
 /// The lock of device `index`: one per device, never shared between two (a server
 /// blocked in a collective must not hold another device's readers).
 fn lock_of(index: usize) -> &'static RawMutex {
-    let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
-    while locks.len() <= index {
-        locks.push(Box::leak(Box::new(RawMutex::INIT)));
-    }
-    locks[index]
+    LOCKS.get(index).unwrap_or_else(|| {
+        panic!("device index {index}: this runtime locks devices below {MAX_DEVICES} only")
+    })
 }
 
 /// A hold on a device's memory lock, for one entry point or one read; the lock stays
