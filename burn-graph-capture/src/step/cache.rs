@@ -162,7 +162,7 @@ struct Entry<G> {
     /// recently matched first: a trace picks among them and the phase's graph.
     branches: Branches<G>,
     /// Paths its warmup saw besides the one it counts now.
-    paths: Paths,
+    paths: Paths<Observation>,
 }
 
 /// The graphs a shape keeps for paths of its step other than the one it warms up or
@@ -188,6 +188,11 @@ impl<G> Branches<G> {
             gave_up: 0,
         }
     }
+}
+
+/// Whether a path whose steps did what the argument did is the one `step` took.
+fn took(step: &Observation) -> impl Fn(&Observation) -> bool + '_ {
+    move |path| step.verdict(Some(path)).is_none()
 }
 
 /// Steps a shape with graphs spends warming up and capturing a new path before it
@@ -458,7 +463,7 @@ impl<G: Recorded> GraphCache<G> {
             _ => None,
         };
         let graphable = step.verdict(None).is_none();
-        let taken = graphable.then(|| entry.paths.take(&step)).flatten();
+        let taken = graphable.then(|| entry.paths.take(took(&step))).flatten();
         if let Some((seen, done)) = current {
             entry.paths.remember(seen, done);
         }
@@ -560,7 +565,7 @@ impl<G: Recorded> GraphCache<G> {
         };
         let verdict = step.verdict(ready)?;
         let recurred = entry.is_some_and(|entry| {
-            entry.paths.recurs(step, self.limits.warmup_steps) && !entry.has_graph_for(step)
+            entry.paths.recurs(took(step), self.limits.warmup_steps) && !entry.has_graph_for(step)
         });
         (!recurred).then_some(verdict)
     }
@@ -582,7 +587,7 @@ impl<G: Recorded> GraphCache<G> {
         let used = self.clock;
         let warmup_steps = self.limits.warmup_steps;
         let entry = self.entries.entry(key.clone()).or_insert(Entry::new(used));
-        entry.paths.take(graph.observation());
+        entry.paths.take(took(graph.observation()));
         let other_path = |seen: &Observation| graph.observation().verdict(Some(seen)).is_some();
         match std::mem::replace(&mut entry.phase, placeholder()) {
             Phase::Captured { graph, .. } | Phase::Suspect { graph, .. } => {
@@ -632,7 +637,7 @@ impl<G: Recorded> GraphCache<G> {
         // The path made ready stays ready (remembered by the restart at its length).
         if let Some(entry) = self.entries.get_mut(key)
             && let Phase::Warming { seen: Some(_), .. } = entry.phase
-            && entry.paths.take(&ready).is_some()
+            && entry.paths.take(took(&ready)).is_some()
         {
             let Phase::Warming {
                 done,

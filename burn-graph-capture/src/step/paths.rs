@@ -5,34 +5,40 @@
 //! steps, so that a path that recurs gets its graph however the others interleave,
 //! while a step that never repeats (a host value changed at every step) never does.
 
-use super::cache::Observation;
-
 /// Most paths a shape remembers while it warms up; beyond it, the least recently taken
 /// one is forgotten.
 const MAX_PATHS: usize = 8;
 
-/// Paths seen in a shape's warmup, besides the one it counts now: each with its steps,
-/// the most recently taken first.
-#[derive(Debug, Default)]
-pub(crate) struct Paths(Vec<(Observation, usize)>);
+/// Paths seen in a shape's warmup, besides the one it counts now: each (what its steps
+/// did, `P`) with its steps, the most recently taken first. A step took a path where
+/// `took` says so.
+#[derive(Debug)]
+pub(crate) struct Paths<P>(Vec<(P, usize)>);
 
-impl Paths {
-    /// Takes out the remembered path `step` took: how many steps took it before.
-    pub(crate) fn take(&mut self, step: &Observation) -> Option<usize> {
-        let index = self.position(step)?;
+impl<P> Default for Paths<P> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<P> Paths<P> {
+    /// Takes out the remembered path a step took: how many steps took it before.
+    pub(crate) fn take(&mut self, took: impl Fn(&P) -> bool) -> Option<usize> {
+        let index = self.0.iter().position(|(path, _)| took(path))?;
         Some(self.0.remove(index).1)
     }
 
     /// Remembers `path`, taken by `steps` steps.
-    pub(crate) fn remember(&mut self, path: Observation, steps: usize) {
+    pub(crate) fn remember(&mut self, path: P, steps: usize) {
         self.0.insert(0, (path, steps));
         self.0.truncate(MAX_PATHS);
     }
 
-    /// Whether `step` took a remembered path that it makes at least `steps` steps long.
-    pub(crate) fn recurs(&self, step: &Observation, steps: usize) -> bool {
-        self.position(step)
-            .is_some_and(|index| self.0[index].1 + 1 >= steps)
+    /// Whether a step took a remembered path that it makes at least `steps` steps long.
+    pub(crate) fn recurs(&self, took: impl Fn(&P) -> bool, steps: usize) -> bool {
+        self.0
+            .iter()
+            .any(|(path, before)| before + 1 >= steps && took(path))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -42,10 +48,22 @@ impl Paths {
     pub(crate) fn clear(&mut self) {
         self.0.clear();
     }
+}
 
-    fn position(&self, step: &Observation) -> Option<usize> {
-        self.0
-            .iter()
-            .position(|(path, _)| step.verdict(Some(path)).is_none())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_counted_apart_and_the_oldest_is_forgotten() {
+        let mut paths = Paths::default();
+        for path in 0..=MAX_PATHS {
+            paths.remember(path, path + 1);
+        }
+        assert_eq!(paths.take(|path| *path == 0), None, "forgotten");
+        assert!(paths.recurs(|path| *path == 2, 4));
+        assert!(!paths.recurs(|path| *path == 2, 5));
+        assert_eq!(paths.take(|path| *path == 3), Some(4));
+        assert_eq!(paths.take(|path| *path == 3), None, "taken out");
     }
 }
