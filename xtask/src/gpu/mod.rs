@@ -142,7 +142,7 @@ mod tests {
 
         let pack = dir.join("pack");
         fs::create_dir_all(&pack).unwrap();
-        let built = vec![(bench, "bin/gpu_graph_speed".to_string())];
+        let built = vec![super::pack::Built::new(bench, "bin/gpu_graph_speed", &[])];
         super::pack::write_payload(
             &pack.join(super::PAYLOAD),
             Some(&archive_file),

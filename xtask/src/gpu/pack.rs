@@ -238,7 +238,7 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
         let _ = fs::remove_file(&archive_file);
         run(cmd)?;
     }
-    let mut built: Vec<(PathBuf, String)> = Vec::new();
+    let mut built: Vec<Built> = Vec::new();
     for (cmd, list) in &mut builds.others {
         let executables = build(cmd)?;
         for binary in list.iter() {
@@ -247,7 +247,7 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
                 .find(|(target, _)| target == binary.target)
                 .map(|(_, p)| p.clone())
                 .ok_or_else(|| format!("cargo built no executable for {}", binary.target))?;
-            built.push((path, binary.payload_path()));
+            built.push(Built::new(path, &binary.payload_path(), binary.features));
         }
     }
     let xtask = build(&mut builds.xtask)?
@@ -281,7 +281,11 @@ pub fn pack(args: PackArgs) -> Result<(), String> {
     );
     let xtask_dest = dest.join("xtask");
     let _ = fs::remove_file(&xtask_dest);
-    let xtask = stripped(fs::read(&xtask).map_err(io(&xtask))?, &xtask_dest)?;
+    let xtask = stripped(
+        fs::read(&xtask).map_err(io(&xtask))?,
+        &xtask_dest,
+        Strip::All,
+    )?;
     fs::write(&xtask_dest, xtask).map_err(io(&xtask_dest))?;
     let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
     fs::set_permissions(&xtask_dest, executable).map_err(io(&xtask_dest))?;
@@ -357,7 +361,7 @@ fn manifest(root: &Path, binaries: &[&str], nextest: &Path) -> String {
 pub(super) fn write_payload(
     payload: &Path,
     archive: Option<&Path>,
-    built: &[(PathBuf, String)],
+    built: &[Built],
     nextest: &Path,
     manifest: &str,
     preset: u32,
@@ -368,7 +372,7 @@ pub(super) fn write_payload(
     let mut estimate: u64 = archive
         .and_then(|a| fs::metadata(a).ok())
         .map_or(0, |m| m.len() * 7 / 2);
-    for (path, _) in built {
+    for Built { path, .. } in built {
         estimate += fs::metadata(path).map_err(io(path))?.len();
     }
     estimate += fs::metadata(nextest).map_err(io(nextest))?.len();
@@ -410,7 +414,7 @@ pub(super) fn write_payload(
             // holes as GNU sparse entries, whose reader yields the whole file.
             let mut data = Vec::new();
             entry.read_to_end(&mut data).map_err(io(&path))?;
-            let data = stripped(data, payload)?;
+            let data = stripped(data, payload, Strip::All)?;
             let mut header = tar::Header::new_gnu();
             header.set_size(data.len() as u64);
             header.set_mode(entry.header().mode().map_err(io(&path))?);
@@ -421,8 +425,8 @@ pub(super) fn write_payload(
                 .map_err(io(&path))?;
         }
     }
-    for (path, name) in built {
-        let data = stripped(fs::read(path).map_err(io(path))?, payload)?;
+    for Built { path, name, strip } in built {
+        let data = stripped(fs::read(path).map_err(io(path))?, payload, *strip)?;
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
         header.set_mode(0o755);
@@ -535,11 +539,55 @@ fn check_limit(total: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// An ELF executable without its symbol tables (`strip`, from binutils): release
-/// binaries of this workspace are about half symbols. Anything else, or a machine
+/// A binary built for the pack, and where it goes in it.
+pub(super) struct Built {
+    path: PathBuf,
+    name: String,
+    strip: Strip,
+}
+
+impl Built {
+    pub(super) fn new(path: PathBuf, name: &str, features: &[&str]) -> Self {
+        Self {
+            path,
+            name: name.to_owned(),
+            strip: Strip::for_features(features),
+        }
+    }
+}
+
+/// What `strip` takes out of a packed binary.
+#[derive(Clone, Copy)]
+enum Strip {
+    /// Symbols and debug info: release binaries of this workspace are about half
+    /// symbols.
+    All,
+    /// Debug info only: a binary that samples its own host time (`host-profile`) needs
+    /// its symbol table to name the functions in its profiles.
+    DebugInfo,
+}
+
+impl Strip {
+    fn for_features(features: &[&str]) -> Self {
+        if features.contains(&"host-profile") {
+            Strip::DebugInfo
+        } else {
+            Strip::All
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Strip::All => "--strip-all",
+            Strip::DebugInfo => "--strip-debug",
+        }
+    }
+}
+
+/// An ELF executable stripped as `strip` says (binutils). Anything else, or a machine
 /// without `strip`, keeps its bytes.
 /// `beside` names where the temporary copy goes (its name plus `.strip`).
-fn stripped(data: Vec<u8>, beside: &Path) -> Result<Vec<u8>, String> {
+fn stripped(data: Vec<u8>, beside: &Path, strip: Strip) -> Result<Vec<u8>, String> {
     if !data.starts_with(b"\x7fELF") {
         return Ok(data);
     }
@@ -548,7 +596,7 @@ fn stripped(data: Vec<u8>, beside: &Path) -> Result<Vec<u8>, String> {
     let file = PathBuf::from(file);
     fs::write(&file, &data).map_err(io(&file))?;
     let status = Command::new("strip")
-        .arg("--strip-all")
+        .arg(strip.flag())
         .arg(&file)
         .stderr(Stdio::null())
         .status();
