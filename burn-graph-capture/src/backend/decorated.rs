@@ -7,13 +7,14 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
 use super::base::GraphCapture;
+use super::emulated::program;
 use super::error::GraphError;
 use super::graph_backend::{BufferId, Captured, GraphBackend};
 use super::holder::Holder;
-use super::identity::Allocated;
 use super::primitive::AnyTensor;
 use super::routed_matmul::RoutedMatmul;
 use super::session;
+use super::trace;
 use crate::parallel::{Collectives, DistError, RankLink};
 use crate::rng::RandomDraws;
 
@@ -105,14 +106,12 @@ impl<B: GraphBackend + Collectives> Collectives for GraphCapture<B> {
         B::join_group(device, member)
     }
 
-    /// `B`'s, recorded as one op of the session: the step's graph holds it.
+    /// `B`'s, as one op of the step: the step's graph holds it.
     fn all_reduce_mean(
         tensors: Vec<FloatTensor<Self>>,
         member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
-        let reduced = B::all_reduce_mean(tensors.clone(), member)?;
-        record_collective("all_reduce_mean", &tensors, &reduced, member, 0);
-        Ok(reduced)
+        collective::<B>("all_reduce_mean", tensors, member, 0, B::all_reduce_mean)
     }
 
     fn broadcast(
@@ -120,30 +119,93 @@ impl<B: GraphBackend + Collectives> Collectives for GraphCapture<B> {
         root: usize,
         member: &RankLink,
     ) -> Result<Vec<FloatTensor<Self>>, DistError> {
-        let received = B::broadcast(tensors.clone(), root, member)?;
-        record_collective("broadcast", &tensors, &received, member, root);
-        Ok(received)
+        collective::<B>(
+            "broadcast",
+            tensors,
+            member,
+            root,
+            move |tensors, member| B::broadcast(tensors, root, member),
+        )
     }
 }
 
-/// Records a collective into the open sessions: it reads `inputs` and makes `outputs`;
-/// its group and root are attributes (a step on another group is another step).
-fn record_collective<T: burn_backend::TensorMetadata + Allocated + 'static>(
+/// A collective of `B` as one op of the step: recorded into the open sessions (its group
+/// and root are attributes: a step on another group is another step), matched by a
+/// trace like any op (a matched collective runs nowhere: the graph that launches holds
+/// it), and an emulated graph's step that runs it again at replay, when every rank
+/// replays its own.
+fn collective<B: GraphBackend>(
     op: &'static str,
-    inputs: &[T],
-    outputs: &[T],
+    tensors: Vec<FloatTensor<B>>,
     member: &RankLink,
     root: usize,
-) {
-    if session::is_recording() {
-        // A collective waits on the other ranks: an emulated graph does not replay one.
-        crate::backend::emulated::program::refuse(op);
-        session::record_op(op, None, |rec| {
-            inputs.iter().for_each(|t| rec.tensor(t));
-            outputs.iter().for_each(|t| rec.output(t));
-            rec.attr(&(member.group_id(), member.world(), root));
+    run: impl Fn(Vec<FloatTensor<B>>, &RankLink) -> Result<Vec<FloatTensor<B>>, DistError>
+    + Send
+    + Sync
+    + 'static,
+) -> Result<Vec<FloatTensor<B>>, DistError> {
+    // Inputs are recorded before the call, which consumes them.
+    let recorder = session::is_recording().then(|| {
+        let mut rec = trace::recorder();
+        tensors.iter().for_each(|t| rec.tensor(t));
+        rec.attr(&(member.group_id(), member.world(), root));
+        let kept = program::recording().then(|| {
+            tensors
+                .iter()
+                .map(|t| program::input(op, t))
+                .collect::<Vec<_>>()
         });
+        (rec, kept)
+    });
+    if let Some((rec, _)) = &recorder
+        && trace::active()
+    {
+        let keys: Vec<_> = tensors.iter().map(trace::input).collect();
+        let handed = trace::matched(op, rec, None, &keys, |stand_ins| {
+            (0..stand_ins.len())
+                .map(|index| trace::hand_out(stand_ins, index))
+                .collect::<Vec<FloatTensor<B>>>()
+        });
+        if let Some(outputs) = handed {
+            if trace::observing() {
+                let mut rec = rec.clone();
+                outputs.iter().for_each(|t| rec.output(t));
+                rec.commit(op, None);
+            }
+            return Ok(outputs);
+        }
     }
+    let outputs = run(tensors, member)?;
+    if let Some((mut rec, kept)) = recorder {
+        outputs.iter().for_each(|t| rec.output(t));
+        if let Some(kept) = kept {
+            let slots: Vec<_> = outputs.iter().map(|t| program::output(op, t)).collect();
+            let link = member.clone();
+            let replay: program::Thunk = Box::new(move |env| {
+                let inputs = kept
+                    .iter()
+                    .map(|slot| env.take(slot))
+                    .collect::<Result<Vec<FloatTensor<B>>, _>>()?;
+                // A failed collective has failed the group: every rank's next step says so.
+                let outputs = run(inputs, &link).map_err(|_| program::Missing {
+                    op,
+                    what: "group to reduce with (the collective failed)",
+                })?;
+                slots
+                    .iter()
+                    .zip(outputs)
+                    .for_each(|(slot, output)| env.bind(slot, output));
+                Ok(())
+            });
+            let stand_ins = outputs
+                .iter()
+                .map(program::StandInValue::of)
+                .collect::<Option<Vec<_>>>();
+            program::push_traced(op, replay, rec.op_record(op), true, stand_ins);
+        }
+        rec.commit(op, None);
+    }
+    Ok(outputs)
 }
 
 /// The decorator reuses its inner backend's primitives: relabelling moves, never copies.

@@ -47,6 +47,39 @@ pub(crate) enum Difference {
     },
     /// Another number of ops.
     OpCount { graph: usize, step: usize },
+    /// Data-parallel training: the step of peer `rank` differed from its graph, so that
+    /// every rank runs this step eagerly (`Peers`).
+    Peer { rank: usize },
+}
+
+/// A data-parallel rank's peers, as its trace agrees with them: every rank's step runs
+/// the step's collectives the same way, all inside their graphs' launches or all
+/// eagerly. The ranks agree once before the step's collective (the gradient average:
+/// [`before_collective`]), and once more after it, when a trace stops matching or
+/// reaches the step's end, so that a rank whose trace stops matching after the
+/// collective computes it again with its peers, never alone.
+pub(crate) trait Peers {
+    /// Tells the peers whether this rank's trace still matches, and learns the first
+    /// rank whose trace does not (this one included), if any; `Err` when the group
+    /// failed.
+    fn agree(&mut self, matching: bool) -> Result<Option<usize>, GroupFailed>;
+}
+
+/// The group of a traced rank failed while the ranks agreed on the trace.
+#[derive(Debug, thiserror::Error)]
+#[error("the data-parallel group failed while its ranks agreed on a trace")]
+pub(crate) struct GroupFailed;
+
+/// Where a rank's trace stands with its peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PeerPhase {
+    /// Before the step's collective: a trace that stops matching tells the peers there.
+    BeforeCollective,
+    /// Every rank matched up to the collective, which was matched too: the ranks agree
+    /// once more, where a trace stops matching or at the step's end.
+    AfterCollective,
+    /// Nothing more to agree on in this step.
+    Agreed,
 }
 
 thread_local! {
@@ -104,6 +137,8 @@ struct Tracer {
     /// Whether matched ops are recorded too, named, as an eager step's are: the step,
     /// if it matches no graph, is then observed whole.
     observing: bool,
+    /// A data-parallel rank's peers, and where the trace stands with them.
+    peers: Option<(Box<dyn Peers>, PeerPhase)>,
 }
 
 /// The step matched against one graph's recording.
@@ -171,7 +206,31 @@ impl Trace {
     /// here or there is no candidate. An `observing` trace also records the ops it
     /// matches into the open capture sessions, as the eager step would record them.
     pub(crate) fn begin(candidates: &[Candidate], observing: bool) -> Option<Self> {
-        if Untraced::active() || candidates.is_empty() {
+        Self::begin_with(candidates, observing, None)
+    }
+
+    /// [`begin`](Self::begin) for a data-parallel rank: the trace agrees with `peers`
+    /// on whether every rank's step matched (see [`Peers`]).
+    pub(crate) fn begin_ranked(
+        candidates: &[Candidate],
+        observing: bool,
+        peers: Box<dyn Peers>,
+    ) -> Option<Self> {
+        Self::begin_with(candidates, observing, Some(peers))
+    }
+
+    /// Whether a trace would begin: graphs with trace recordings, and traces not
+    /// switched off on this thread.
+    pub(crate) fn possible(candidates: &[Candidate]) -> bool {
+        !Untraced::active() && !candidates.is_empty()
+    }
+
+    fn begin_with(
+        candidates: &[Candidate],
+        observing: bool,
+        peers: Option<Box<dyn Peers>>,
+    ) -> Option<Self> {
+        if !Self::possible(candidates) {
             return None;
         }
         TRACER.with(|tracer| {
@@ -190,6 +249,7 @@ impl Trace {
                 matched: 0,
                 diverged: None,
                 observing,
+                peers: peers.map(|peers| (peers, PeerPhase::BeforeCollective)),
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -209,11 +269,20 @@ impl Trace {
                     matcher.stopped.is_none() && matcher.recording.traced_count() == tracer.matched
                 };
                 let all = 0..tracer.matchers.len();
-                if let Some(index) = Some(tracer.leader)
+                let matched = Some(tracer.leader)
                     .filter(whole)
-                    .or(all.into_iter().find(whole))
-                {
-                    return Traced::Matched(index);
+                    .or(all.into_iter().find(whole));
+                if let Some(index) = matched {
+                    match tracer.agree_after_collective(true) {
+                        Err(failed) => return Traced::Failed(failed.to_string()),
+                        Ok(None) => return Traced::Matched(index),
+                        Ok(Some(rank)) => {
+                            if let Err(failed) = tracer.diverge(Difference::Peer { rank }) {
+                                return Traced::Failed(failed);
+                            }
+                            return Traced::Diverged(Difference::Peer { rank });
+                        }
+                    }
                 }
                 // The step ran fewer ops than the graphs: what it ran matched, and was
                 // never computed.
@@ -259,6 +328,36 @@ pub(crate) fn observing() -> bool {
             .borrow()
             .as_ref()
             .is_some_and(|tracer| tracer.diverged.is_none() && tracer.observing)
+    })
+}
+
+/// Data-parallel training, before the step's collective (the gradient average): the
+/// ranks agree whether every rank's trace still matches. If one does not, every rank
+/// goes on eagerly from here (the collective then runs on every rank); if all do, the
+/// collective is matched as any op. Nothing happens on a thread without a rank's trace.
+pub(crate) fn before_collective() -> Result<(), GroupFailed> {
+    TRACER.with(|tracer| {
+        let mut tracer = tracer.borrow_mut();
+        let Some(tracer) = tracer.as_mut() else {
+            return Ok(());
+        };
+        if !matches!(tracer.peers, Some((_, PeerPhase::BeforeCollective))) {
+            return Ok(());
+        }
+        let matching = tracer.diverged.is_none();
+        let (peers, phase) = tracer.peers.as_mut().expect("a rank's trace (above)");
+        let differed = peers.agree(matching)?;
+        *phase = if differed.is_none() {
+            PeerPhase::AfterCollective
+        } else {
+            PeerPhase::Agreed
+        };
+        if let (Some(rank), true) = (differed, matching)
+            && let Err(failed) = tracer.diverge(Difference::Peer { rank })
+        {
+            unwind_unfilled(failed);
+        }
+        Ok(())
     })
 }
 
@@ -440,6 +539,12 @@ impl Tracer {
     /// compute, and the stand-ins it handed out take what they computed.
     fn diverge(&mut self, change: Difference) -> Result<(), String> {
         tracing::debug!(?change, "a trace stopped matching its graphs");
+        // Past the collective, the peers learn it before the recorded ops compute it
+        // again (with them).
+        if !matches!(change, Difference::Peer { .. }) {
+            self.agree_after_collective(false)
+                .map_err(|failed| failed.to_string())?;
+        }
         self.diverged = Some(change);
         let leader = (self.leader, self.matchers[self.leader].next);
         for (index, until) in std::mem::take(&mut self.former).into_iter().chain([leader]) {
@@ -451,6 +556,19 @@ impl Tracer {
                 .map_err(|missing| missing.to_string())?;
         }
         Ok(())
+    }
+
+    /// A rank past a matched collective tells its peers whether its trace matched to
+    /// the end (`matching`) or stopped: the first rank that did not, if any. Once per
+    /// step; nothing to agree on elsewhere.
+    fn agree_after_collective(&mut self, matching: bool) -> Result<Option<usize>, GroupFailed> {
+        match self.peers.as_mut() {
+            Some((peers, phase)) if *phase == PeerPhase::AfterCollective => {
+                *phase = PeerPhase::Agreed;
+                peers.agree(matching)
+            }
+            _ => Ok(None),
+        }
     }
 }
 

@@ -379,17 +379,9 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let started = Instant::now();
         let rank = cx.rank;
         let recorded = self.record(&mut cx, key, batch, inputs);
-        let recorded = match (rank, recorded) {
-            // Ranks launch together or not at all: a recording unlike warmup is this
-            // rank's fallback (the step then runs eagerly, on every rank).
-            (Some(rank), Ok(Recorded::Differs(step, reason))) => {
-                self.cache
-                    .capture_differed(key, step.observation, reason.clone());
-                // The peers still meet this rank at the launch agreement.
-                self.agree_launch(key, Err(Fallback::step(reason)), rank)
-            }
-            (Some(rank), recorded) => self.agree_launch(key, recorded, rank),
-            (None, recorded) => recorded,
+        let recorded = match rank {
+            Some(rank) => self.agree_launch(key, recorded, rank),
+            None => recorded,
         };
         let recorded = recorded.inspect_err(|_| {
             // Nothing recorded ran: the pinned buffers hold the pre-step values.
@@ -524,9 +516,11 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
     }
 
     /// The launch agreement of a data-parallel capture: every rank says how its
-    /// recording came out. When a peer's did not succeed, this rank's graph is kept
-    /// unlaunched (the next step replays it, if every rank can) and this step runs
-    /// eagerly like the peer's.
+    /// recording came out. Every rank with a recording launches it when all have one (a
+    /// recording unlike warmup launches once, as this step's eager result: the closure
+    /// is not called again). When a peer has none, this rank's graph is kept unlaunched
+    /// (the next step replays it, if every rank can) and this step runs eagerly like the
+    /// peer's.
     fn agree_launch(
         &mut self,
         key: &InputKey,
@@ -541,9 +535,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         let verdict = rank.agree_launch(&own).map_err(Fallback::Refused)?;
         match (verdict, recorded) {
             (None, recorded) => recorded,
-            (Some(reason), Ok(Recorded::Graph(step) | Recorded::Differs(step, _))) => {
+            (Some(reason), Ok(Recorded::Graph(step))) => {
                 self.cache.captured(key, step);
                 Err(Fallback::step(reason))
+            }
+            (Some(_), Ok(Recorded::Differs(step, own))) => {
+                self.cache
+                    .capture_differed(key, step.observation, own.clone());
+                Err(Fallback::step(own))
             }
             (Some(_), Err(own)) => Err(own),
         }

@@ -18,6 +18,7 @@ use super::error::StepError;
 use super::output::{StepOutput, unaliased};
 use super::parallel::{Rank, average_gradients};
 use super::random::TrainerRandom;
+use crate::backend::trace;
 use crate::backend::{GraphBackend, GraphCapture, TrainBackend};
 use crate::optim::CapturableOptimizer;
 
@@ -100,6 +101,10 @@ impl<M, O> Learner<M, O> {
         let (mut grads, item) = step_fn(self.model(), batch).into_update(self.model())?;
         let item = unaliased(item, self.model());
         if let Some(rank) = rank {
+            // A rank's trace agrees with its peers' before the average (all matched, or
+            // all go on eagerly from here).
+            trace::before_collective()
+                .map_err(|failed| rank.failure().unwrap_or_else(|| rank.fail(failed)))?;
             average_gradients(self.model(), &mut grads, rank).map_err(StepError::DataParallel)?;
         }
         self.optimize(grads);

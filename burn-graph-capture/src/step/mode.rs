@@ -172,6 +172,12 @@ pub enum StepChange {
         /// Ops the step ran.
         step: usize,
     },
+    /// Data-parallel training: the step of rank `rank` differed from its graph, so every
+    /// rank ran the step eagerly (the ranks run the step's collectives alike).
+    PeerDiffered {
+        /// The first rank whose step differed.
+        rank: usize,
+    },
     /// A tensor the graph reads as a constant is no longer held outside the graph (it
     /// was replaced or dropped), so the step closure reads another one now: `op` read
     /// it. Found before a replay, which then does not run.
@@ -225,6 +231,10 @@ impl fmt::Display for StepChange {
             StepChange::OpCount { graph, step } => {
                 write!(f, "the step ran {step} ops, the graph recorded {graph}")
             }
+            StepChange::PeerDiffered { rank } => write!(
+                f,
+                "the step of rank {rank} differed from its graph: every rank ran it eagerly"
+            ),
             StepChange::ConstantDropped { op, shape, dtype } => write!(
                 f,
                 "the {dtype:?} tensor of shape {shape:?} that `{op}` read as a constant is \
@@ -267,6 +277,7 @@ impl From<Difference> for StepChange {
                 argument,
             },
             Difference::OpCount { graph, step } => StepChange::OpCount { graph, step },
+            Difference::Peer { rank } => StepChange::PeerDiffered { rank },
         }
     }
 }

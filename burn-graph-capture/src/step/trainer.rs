@@ -104,6 +104,9 @@ where
     shared_with: Option<TrainerId>,
     report: TrainerReport,
     last_mode: Option<StepMode>,
+    /// Data-parallel training: this step replays untraced, as a peer must
+    /// (`Verdict::ReplayUntraced`).
+    untraced_replay: bool,
     /// Data-parallel training: this trainer's group membership. Last, so that it is
     /// dropped after the graphs, whose collectives use the group's communicator.
     rank: Option<Rank<GraphCapture<G>>>,
@@ -160,6 +163,7 @@ where
                 ..TrainerReport::default()
             },
             last_mode: None,
+            untraced_replay: false,
             rank: None,
             _input: PhantomData,
         }
@@ -317,12 +321,7 @@ where
                 return Err(error);
             }
         };
-        if plan == Plan::Branch {
-            // A rank's replays are not traced, so its shapes never branch; were one to,
-            // its step would be a plain warmup step.
-            plan = Plan::Warmup;
-        }
-        if plan == Plan::Replay
+        if matches!(plan, Plan::Replay | Plan::Branch)
             && let Err(fallback) = self.graphs.prepare_replay(&mut self.learner, &key, &inputs)
         {
             plan = match self.absorb(fallback, &key) {
@@ -334,16 +333,24 @@ where
             };
         }
         let proposal = match &plan {
-            Plan::Replay => Proposal::Replay,
-            Plan::Branch => unreachable!("a rank's branch plan is a warmup step (above)"),
+            // A step beside a shape's graphs replays where its trace matches one.
+            Plan::Replay | Plan::Branch => Proposal::Replay {
+                traced: Trace::possible(&self.graphs.traces_of(&key).0),
+            },
             Plan::Capture => Proposal::Capture,
             Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
             Plan::Rewarm(reason) => Proposal::Eager(reason.clone()),
             Plan::Verify(checking) => Proposal::Eager(checking.clone()),
             Plan::Eager(reason) => Proposal::Eager(reason.clone()),
         };
+        self.untraced_replay = false;
         match rank.agree(&proposal)? {
             Verdict::Proceed => {}
+            Verdict::ReplayUntraced => {
+                // Untraced, a step beside graphs of other paths replays the first.
+                self.untraced_replay = true;
+                plan = Plan::Replay;
+            }
             Verdict::Eager(reason) => plan = Plan::Eager(reason),
             Verdict::DropGraph(reason) => {
                 self.graphs.drop_graph(&key);
@@ -530,15 +537,24 @@ where
         batch: &I,
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), StepError> {
-        let traced = self
-            .graphs
-            .prepare_replay(&mut self.learner, key, inputs)
-            .and_then(|()| self.trace(key, batch, inputs, true));
-        let attempt = match traced {
+        // A rank prepared its replay before the ranks agreed on it; past that, a step
+        // that fails fails the group.
+        let rank = self.rank.clone();
+        let fail = |fallback| match (fallback, &rank) {
+            (Fallback::Eager { reason, .. }, Some(rank)) => Fallback::Refused(rank.fail(reason)),
+            (fallback, _) => fallback,
+        };
+        let prepared = match rank {
+            Some(_) => Ok(()),
+            None => self.graphs.prepare_replay(&mut self.learner, key, inputs),
+        };
+        let traced = prepared.and_then(|()| self.trace(key, batch, inputs, true));
+        let attempt = match traced.map_err(fail) {
             Ok(None) => self
                 .graphs
                 .launch_replay(key)
-                .map(|output| (output, StepMode::Replayed)),
+                .map(|output| (output, StepMode::Replayed))
+                .map_err(fail),
             Ok(Some(TracedEager {
                 item,
                 mode,
@@ -598,7 +614,7 @@ where
         batch: &I,
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), Fallback> {
-        let Some(rank) = &self.rank else {
+        let Some(rank) = self.rank.clone() else {
             self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
             if let Some(eager) = self.trace(key, batch, inputs, false)? {
                 return Ok((eager.item, eager.mode));
@@ -606,13 +622,21 @@ where
             let output = self.graphs.launch_replay(key)?;
             return Ok((output, StepMode::Replayed));
         };
+        // Past the agreement, a rank whose step fails leaves its peers inside the step's
+        // collectives (or the trace's meeting points): it fails the group.
+        let fail = |fallback| match fallback {
+            Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
+            refused @ Fallback::Refused(_) => refused,
+        };
+        if !self.untraced_replay
+            && let Some(eager) = self.trace(key, batch, inputs, false).map_err(fail)?
+        {
+            return Ok((eager.item, eager.mode));
+        }
         self.graphs
             .launch_replay(key)
             .map(|output| (output, StepMode::Replayed))
-            .map_err(|fallback| match fallback {
-                Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
-                refused @ Fallback::Refused(_) => refused,
-            })
+            .map_err(fail)
     }
 
     /// Traces the step against `key`'s graphs (`backend::trace`): the closure, backward
@@ -631,7 +655,11 @@ where
         observing: bool,
     ) -> Result<Option<TracedEager<R::Item>>, Fallback> {
         let (candidates, static_inputs) = self.graphs.traces_of(key);
-        let Some(trace) = Trace::begin(&candidates, observing) else {
+        let trace = match &self.rank {
+            Some(rank) => Trace::begin_ranked(&candidates, observing, Box::new(rank.clone())),
+            None => Trace::begin(&candidates, observing),
+        };
+        let Some(trace) = trace else {
             return Ok(None);
         };
         let started = Instant::now();
@@ -647,10 +675,21 @@ where
             Some(accounted) if by_place => CaptureSession::begin_keeping(accounted.ids().clone()),
             _ => CaptureSession::begin(),
         };
+        // A panic in the closure, resumed below, leaves the peers inside the trace's
+        // meeting points.
+        let _unwinding = self.rank.clone().map(FailOnUnwind);
         let (_, mut cx) = self.parts();
         let item = catch_unwind(AssertUnwindSafe(|| cx.train(&static_batch)));
         let recording = session.finish();
         let (item, traced) = match item {
+            // A rank's closure that fails leaves its peers at the trace's meeting points.
+            Ok(Err(error)) if let Some(rank) = &self.rank => {
+                drop(trace);
+                return Err(Fallback::Refused(match error {
+                    StepError::DataParallel(_) => error,
+                    error => rank.fail(error),
+                }));
+            }
             Ok(item) => (Some(item), trace.end()),
             // The trace could not compute what it had handed out: the closure unwound,
             // and nothing it ran is kept.

@@ -27,7 +27,7 @@ const TIME: usize = 6;
 
 /// Runs `f` on one thread per rank of a new group, each with its member; returns what
 /// each returned (or how it panicked), in rank order.
-fn on_ranks<T: Send>(
+pub(crate) fn on_ranks<T: Send>(
     world: usize,
     config: &DataParallelConfig,
     f: impl Fn(RankMember) -> T + Sync,
@@ -45,7 +45,7 @@ fn on_ranks<T: Send>(
 }
 
 /// Rank `rank`'s share of the combined batch of `world * BATCH` sequences of `step`.
-fn shard(step: usize, rank: usize, world: usize) -> Batch<B> {
+pub(crate) fn shard(step: usize, rank: usize, world: usize) -> Batch<B> {
     let device = Default::default();
     let combined = SineTask::new(step as u64, 32).next_batch::<B>(world * BATCH, TIME, &device);
     let rows = rank * BATCH..(rank + 1) * BATCH;

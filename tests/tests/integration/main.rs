@@ -39,6 +39,7 @@ mod step_inputs;
 mod step_lifecycle;
 mod step_tracing;
 mod threads;
+mod traced_ranks;
 mod traced_replays;
 mod unlisted_inputs;
 

@@ -14,8 +14,9 @@ use crate::step::mode::FallbackReason;
 /// What one rank would do for this step, before it does anything collective.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) enum Proposal {
-    /// Replay its graph (already prepared: pins checked, batch copied in).
-    Replay,
+    /// Replay its graph (already prepared: pins checked, batch copied in), `traced` where
+    /// its graph has a trace recording and traces are on.
+    Replay { traced: bool },
     /// Capture a graph.
     Capture,
     /// Run eagerly, for this reason (warmup and verifying steps included).
@@ -36,6 +37,9 @@ pub(crate) enum Verdict {
     DropGraph(FallbackReason),
     /// Refuse the step: another rank refused it.
     Refuse(StepError),
+    /// Replay without a trace: another rank cannot trace its step, and the ranks agree
+    /// on a trace at the step's collective, all of them or none.
+    ReplayUntraced,
 }
 
 /// The verdict for `rank` given all proposals (in rank order).
@@ -45,6 +49,7 @@ pub(crate) enum Verdict {
 /// - Captures and replays mixed: a rank's graph was dropped (pins moved, say) while the
 ///   others kept theirs. All run eagerly this step, and the replaying ranks drop their
 ///   graph so that the next step captures on every rank.
+/// - All replay, some without a trace: all replay untraced.
 /// - Otherwise (all capture, or all replay): proceed.
 pub(crate) fn decide(rank: usize, proposals: &[Proposal]) -> Verdict {
     let own = &proposals[rank];
@@ -71,18 +76,16 @@ pub(crate) fn decide(rank: usize, proposals: &[Proposal]) -> Verdict {
         };
     }
     let capturing = first(proposals, |p| *p == Proposal::Capture);
-    let replaying = proposals.contains(&Proposal::Replay);
+    let replaying = first(proposals, |p| matches!(p, Proposal::Replay { .. }));
+    let untraced = proposals.contains(&Proposal::Replay { traced: false });
     match (capturing, own) {
-        (Some((by, _)), Proposal::Replay) => {
+        (Some((by, _)), Proposal::Replay { .. }) => {
             Verdict::DropGraph(FallbackReason::RankRecaptures { rank: by })
         }
-        (Some(_), Proposal::Capture) if replaying => {
-            let by = proposals
-                .iter()
-                .position(|p| *p == Proposal::Replay)
-                .unwrap_or(rank);
+        (Some(_), Proposal::Capture) if let Some((by, _)) = replaying => {
             Verdict::Eager(FallbackReason::RankRecaptures { rank: by })
         }
+        (None, Proposal::Replay { traced: true }) if untraced => Verdict::ReplayUntraced,
         _ => Verdict::Proceed,
     }
 }
@@ -116,6 +119,8 @@ mod tests {
     use crate::backend::TensorKind;
     use crate::step::error::EmptyBatch;
 
+    const REPLAY: Proposal = Proposal::Replay { traced: true };
+
     fn eager(reason: FallbackReason) -> Proposal {
         Proposal::Eager(reason)
     }
@@ -123,7 +128,8 @@ mod tests {
     #[test]
     fn uniform_plans_proceed() {
         for plan in [
-            Proposal::Replay,
+            Proposal::Replay { traced: true },
+            Proposal::Replay { traced: false },
             Proposal::Capture,
             eager(FallbackReason::Warmup),
         ] {
@@ -143,11 +149,7 @@ mod tests {
 
     #[test]
     fn one_eager_rank_makes_every_rank_eager_and_is_named() {
-        let proposals = [
-            Proposal::Replay,
-            eager(FallbackReason::PinnedBuffersChanged),
-            Proposal::Replay,
-        ];
+        let proposals = [REPLAY, eager(FallbackReason::PinnedBuffersChanged), REPLAY];
         let expected = Verdict::Eager(FallbackReason::RankFellBack {
             rank: 1,
             reason: Box::new(FallbackReason::PinnedBuffersChanged),
@@ -166,7 +168,7 @@ mod tests {
     #[test]
     fn a_refusal_refuses_the_step_everywhere() {
         let proposals = [
-            Proposal::Replay,
+            REPLAY,
             eager(FallbackReason::Warmup),
             Proposal::Refuse(Box::new(StepError::EmptyBatch(EmptyBatch::NoTensors))),
         ];
@@ -208,7 +210,7 @@ mod tests {
 
     #[test]
     fn mixed_captures_and_replays_run_eagerly_and_the_replays_drop_their_graphs() {
-        let proposals = [Proposal::Replay, Proposal::Capture, Proposal::Replay];
+        let proposals = [REPLAY, Proposal::Capture, REPLAY];
         assert_eq!(
             decide(0, &proposals),
             Verdict::DropGraph(FallbackReason::RankRecaptures { rank: 1 })
@@ -218,6 +220,24 @@ mod tests {
             Verdict::Eager(FallbackReason::RankRecaptures { rank: 0 })
         );
         assert_eq!(decide(2, &proposals), decide(0, &proposals));
+    }
+
+    #[test]
+    fn replays_are_traced_on_every_rank_or_on_none() {
+        let proposals = [REPLAY, Proposal::Replay { traced: false }, REPLAY];
+        assert_eq!(decide(0, &proposals), Verdict::ReplayUntraced);
+        assert_eq!(decide(2, &proposals), Verdict::ReplayUntraced);
+        assert_eq!(decide(1, &proposals), Verdict::Proceed);
+        // A capture among them still makes the replays drop their graphs.
+        let capture = [
+            REPLAY,
+            Proposal::Capture,
+            Proposal::Replay { traced: false },
+        ];
+        assert_eq!(
+            decide(0, &capture),
+            Verdict::DropGraph(FallbackReason::RankRecaptures { rank: 1 })
+        );
     }
 
     #[test]

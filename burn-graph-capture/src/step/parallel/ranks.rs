@@ -1,8 +1,9 @@
-//! A trainer's side of data-parallel training: its group membership, and the two
-//! meeting points of a step. Before anything collective runs, the ranks agree on how the
-//! step runs (`agreement`); after recording a capture, on whether every rank may
-//! launch its graph. Anything that fails past those points, where peers may already wait
-//! in a collective, fails the group.
+//! A trainer's side of data-parallel training: its group membership, and the meeting
+//! points of a step. Before anything collective runs, the ranks agree on how the step
+//! runs (`agreement`); after recording a capture, on whether every rank may launch its
+//! graph; in a traced replay, on whether every rank's trace matched
+//! (`backend::trace::Peers`). Anything that fails past those points, where peers may
+//! already wait in a collective, fails the group.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use burn_backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::agreement::{self, Proposal, Verdict};
+use crate::backend::trace::{GroupFailed, Peers};
 use crate::cause::Cause;
 use crate::parallel::{Collectives, DistError, RankLink, RankMember};
 use crate::step::error::StepError;
@@ -138,5 +140,13 @@ impl<B: Backend> Rank<B> {
             .map(|bytes| serde_json::from_slice(bytes))
             .collect::<Result<_, _>>()
             .map_err(|err| self.fail(UnreadableMessage(err)))
+    }
+}
+
+/// A rank's trace agrees with its peers through the group's rendezvous.
+impl<B: Backend> Peers for Rank<B> {
+    fn agree(&mut self, matching: bool) -> Result<Option<usize>, GroupFailed> {
+        let all: Vec<bool> = self.exchange(&matching).map_err(|_| GroupFailed)?;
+        Ok(all.iter().position(|matched| !matched))
     }
 }

@@ -1,0 +1,182 @@
+//! Data-parallel ranks replay traced steps (emulated graphs): each rank's step closure
+//! runs at every step and is matched against its graph, and before the gradient average
+//! the ranks agree whether every rank's trace still matches, so that all of them replay
+//! (the average inside their graphs) or all go on eagerly from there (the average run
+//! eagerly by all). A host value or a host coin that changes on one rank after the
+//! capture then trains as eager data-parallel steps do, bit for bit, on every rank; with
+//! replays untraced it does not.
+
+use burn::module::AutodiffModule;
+use burn::tensor::ElementConversion;
+use burn_graph_capture::{
+    DataParallelConfig, EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig,
+    StepChange, StepMode, Untraced,
+};
+use lstm_example::train::parameter_bits;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::common::{adam, loss, model, model_bytes};
+use crate::data_parallel::{on_ranks, shard};
+
+const WORLD: usize = 2;
+const STEPS: usize = 48;
+
+/// How the ranks run their steps.
+#[derive(Clone, Copy, PartialEq)]
+enum Steps {
+    /// Every step eager (Flex without graphs): the reference.
+    Eager,
+    /// Emulated graphs, replays traced.
+    Traced,
+    /// Emulated graphs, replays untraced.
+    Untraced,
+}
+
+/// One rank's run: its losses and final parameters (bits), and what its steps did.
+struct RankRun {
+    losses: Vec<u32>,
+    params: Vec<Vec<u32>>,
+    modes: Vec<StepMode>,
+    replayed: u64,
+    traced: u64,
+}
+
+/// Trains `WORLD` ranks from the model in `bytes` for `STEPS` steps, rank `r`'s loss
+/// scaled at step `s` by `weight(r, s)`, a host value its closure reads (and counts its own steps for).
+fn run(steps: Steps, bytes: &[u8], weight: fn(usize, usize) -> f32) -> Vec<RankRun> {
+    let runs = on_ranks(WORLD, &DataParallelConfig::new(), |member| {
+        let rank = member.rank();
+        let _graphs = (steps != Steps::Eager).then(EmulatedGraphs::on);
+        let _untraced = (steps == Steps::Untraced).then(Untraced::on);
+        let mut count = 0;
+        let step_fn = move |model: &crate::common::Model, batch: &lstm_example::Batch<_>| {
+            let scale = weight(rank, count);
+            count += 1;
+            loss(model, batch).mul_scalar(scale)
+        };
+        let mut trainer = GraphTrainer::data_parallel(
+            model(bytes),
+            adam(),
+            step_fn,
+            GraphTrainerConfig::new(),
+            member,
+        )
+        .unwrap();
+        let mut run = RankRun {
+            losses: Vec::new(),
+            params: Vec::new(),
+            modes: Vec::new(),
+            replayed: 0,
+            traced: 0,
+        };
+        for step in 0..STEPS {
+            let outcome = trainer.step(shard(step, rank, WORLD)).unwrap();
+            run.losses
+                .push(outcome.output.into_scalar().elem::<f32>().to_bits());
+            run.modes.push(outcome.mode);
+        }
+        run.params = parameter_bits(&trainer.model().unwrap().valid());
+        let report = trainer.report();
+        (run.replayed, run.traced) = (report.modes.replayed, report.traces_matched);
+        run
+    });
+    runs.into_iter().map(Result::unwrap).collect()
+}
+
+/// Whether every rank trained as the reference's did, bit for bit.
+fn same(runs: &[RankRun], reference: &[RankRun]) -> bool {
+    runs.iter()
+        .zip(reference)
+        .all(|(run, eager)| run.losses == eager.losses && run.params == eager.params)
+}
+
+/// The traced run equals the eager one on every rank, replays (each after a matched
+/// trace), and the untraced run does not equal it.
+fn check(weight: fn(usize, usize) -> f32) -> Vec<RankRun> {
+    let bytes = model_bytes();
+    let eager = run(Steps::Eager, &bytes, weight);
+    let traced = run(Steps::Traced, &bytes, weight);
+    for (rank, run) in traced.iter().enumerate() {
+        eprintln!(
+            "rank {rank}: {} replays, {} traces matched, of {STEPS} steps",
+            run.replayed, run.traced
+        );
+        assert!(run.replayed > 0, "rank {rank} never replayed");
+        assert_eq!(run.replayed, run.traced, "rank {rank} replayed untraced");
+    }
+    for (rank, (run, eager)) in traced.iter().zip(&eager).enumerate() {
+        let first = run
+            .losses
+            .iter()
+            .zip(&eager.losses)
+            .position(|(a, b)| a != b);
+        if let Some(step) = first {
+            for (index, mode) in run.modes.iter().enumerate() {
+                eprintln!("rank {rank} step {index}: {mode:?}");
+            }
+            eprintln!(
+                "rank {rank}: loss first differs at step {step}; modes from there: {:?}",
+                &run.modes[step.saturating_sub(2)..(step + 3).min(STEPS)]
+            );
+        }
+    }
+    assert!(same(&traced, &eager), "traced ranks differ from eager ones");
+    let untraced = run(Steps::Untraced, &bytes, weight);
+    assert!(
+        untraced[0].replayed > 0,
+        "the untraced ranks never replayed"
+    );
+    assert!(
+        !same(&untraced, &eager),
+        "untraced ranks trained as eager ones: the case shows nothing"
+    );
+    traced
+}
+
+#[test]
+fn a_host_weight_changed_on_one_rank_trains_as_eager_ranks_do() {
+    let _rng = crate::common::rng::shared();
+    const CHANGE: usize = 24;
+    let weight = |rank: usize, step: usize| {
+        if rank == 1 && step >= CHANGE {
+            2.0
+        } else {
+            1.0
+        }
+    };
+    let traced = check(weight);
+    // The step of the change: rank 1's trace saw the new value, rank 0's matched and
+    // went on eagerly with it, and both say why.
+    let stale = |run: &RankRun| match &run.modes[CHANGE] {
+        StepMode::Eager(FallbackReason::GraphStale { change }) => Some(change.clone()),
+        _ => None,
+    };
+    assert!(
+        matches!(stale(&traced[1]), Some(StepChange::HostValues { .. })),
+        "rank 1 at the change: {:?}",
+        traced[1].modes[CHANGE]
+    );
+    assert_eq!(
+        stale(&traced[0]),
+        Some(StepChange::PeerDiffered { rank: 1 }),
+        "rank 0 at the change: {:?}",
+        traced[0].modes[CHANGE]
+    );
+    // Both replay again once the new value is graphed.
+    for run in &traced {
+        assert_eq!(run.modes.last(), Some(&StepMode::Replayed));
+    }
+}
+
+#[test]
+fn a_host_coin_on_each_rank_trains_as_eager_ranks_do() {
+    let _rng = crate::common::rng::shared();
+    // Each rank flips its own coin at each step (p = 0.3): the ranks' steps differ
+    // from their graphs at different steps.
+    let weight = |rank: usize, step: usize| {
+        let mut coin = StdRng::seed_from_u64((rank * 1000 + step) as u64);
+        if coin.random_bool(0.3) { 2.0 } else { 1.0 }
+    };
+    check(weight);
+}
