@@ -816,7 +816,9 @@ where
 
 /// Whether a trainer's steps know constants by place, its graphs reading them through
 /// pins that traces fill (`GraphBackend::pins_constants`): not where replays are
-/// untraced (data-parallel ranks, `Untraced`).
+/// untraced (`Untraced`), nor on data-parallel ranks, whose peers may have to replay
+/// untraced (a constant replaced there makes the step differ, and every rank runs it
+/// eagerly).
 pub(crate) fn constants_by_place<G: GraphBackend>(data_parallel: bool) -> bool {
     G::pins_constants() && !data_parallel && !Untraced::active()
 }
