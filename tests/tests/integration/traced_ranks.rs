@@ -3,11 +3,15 @@
 //! the ranks agree whether every rank's trace still matches, so that all of them replay
 //! (the average inside their graphs) or all go on eagerly from there (the average run
 //! eagerly by all). A host value or a host coin that changes on one rank after the
-//! capture then trains as eager data-parallel steps do, bit for bit, on every rank; with
-//! replays untraced it does not.
+//! capture, in the step closure or in the optimizer after the average, then trains as
+//! eager data-parallel steps do, bit for bit, on every rank; with replays untraced it
+//! does not.
 
-use burn::module::AutodiffModule;
-use burn::tensor::ElementConversion;
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::optim::{GradientsParams, LearningRate};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+use burn_graph_capture::optim::{CapturableAdam, CapturableOptimizer, StateSlot};
 use burn_graph_capture::{
     DataParallelConfig, EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig,
     StepChange, StepMode, Untraced,
@@ -16,7 +20,7 @@ use lstm_example::train::parameter_bits;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::common::{adam, loss, model, model_bytes};
+use crate::common::{B, Model, adam, loss, model, model_bytes};
 use crate::data_parallel::{on_ranks, shard};
 
 const WORLD: usize = 2;
@@ -33,6 +37,65 @@ enum Steps {
     Untraced,
 }
 
+/// The backend under autodiff.
+type Inner = <B as AutodiffBackend>::InnerBackend;
+
+/// A host value of rank `r` at its step `s`.
+type HostValue = fn(usize, usize) -> f32;
+
+/// Adam, then every parameter scaled by a host factor that the optimizer reads at each
+/// update (a decay schedule): ops after the gradient average whose host value may change.
+struct DecayedAdam {
+    adam: CapturableAdam<B>,
+    decay: HostValue,
+    rank: usize,
+    updates: usize,
+}
+
+/// Scales every parameter.
+struct Scale(f32);
+
+impl ModuleMapper<B> for Scale {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let scaled = Tensor::from_inner(tensor.inner().mul_scalar(self.0)).require_grad();
+        Param::from_mapped_value(id, scaled, mapper)
+    }
+}
+
+impl CapturableOptimizer<Model, B> for DecayedAdam {
+    type Record = <CapturableAdam<B> as CapturableOptimizer<Model, B>>::Record;
+
+    fn init_state(&mut self, module: &Model) {
+        self.adam.init_state(module);
+    }
+
+    fn step(&mut self, module: Model, grads: GradientsParams) -> Model {
+        let factor = (self.decay)(self.rank, self.updates);
+        self.updates += 1;
+        Module::map(self.adam.step(module, grads), &mut Scale(factor))
+    }
+
+    fn set_lr(&mut self, lr: LearningRate) {
+        CapturableOptimizer::<Model, B>::set_lr(&mut self.adam, lr);
+    }
+
+    fn visit_state(&mut self, visitor: &mut dyn FnMut(StateSlot, &mut Tensor<Inner, 1>)) {
+        CapturableOptimizer::<Model, B>::visit_state(&mut self.adam, visitor);
+    }
+
+    fn to_record(&self) -> Self::Record {
+        CapturableOptimizer::<Model, B>::to_record(&self.adam)
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        Self {
+            adam: CapturableOptimizer::<Model, B>::load_record(self.adam, record),
+            ..self
+        }
+    }
+}
+
 /// One rank's run: its losses and final parameters (bits), and what its steps did.
 struct RankRun {
     losses: Vec<u32>,
@@ -43,8 +106,10 @@ struct RankRun {
 }
 
 /// Trains `WORLD` ranks from the model in `bytes` for `STEPS` steps, rank `r`'s loss
-/// scaled at step `s` by `weight(r, s)`, a host value its closure reads (and counts its own steps for).
-fn run(steps: Steps, bytes: &[u8], weight: fn(usize, usize) -> f32) -> Vec<RankRun> {
+/// scaled at its step `s` by `weight(r, s)`, a host value its closure reads (and counts
+/// its own calls for), and its parameters after each update by `decay(r, s)`, which its
+/// optimizer reads (counting its own updates).
+fn run(steps: Steps, bytes: &[u8], weight: HostValue, decay: HostValue) -> Vec<RankRun> {
     let runs = on_ranks(WORLD, &DataParallelConfig::new(), |member| {
         let rank = member.rank();
         let _graphs = (steps != Steps::Eager).then(EmulatedGraphs::on);
@@ -57,7 +122,12 @@ fn run(steps: Steps, bytes: &[u8], weight: fn(usize, usize) -> f32) -> Vec<RankR
         };
         let mut trainer = GraphTrainer::data_parallel(
             model(bytes),
-            adam(),
+            DecayedAdam {
+                adam: adam(),
+                decay,
+                rank,
+                updates: 0,
+            },
             step_fn,
             GraphTrainerConfig::new(),
             member,
@@ -93,10 +163,10 @@ fn same(runs: &[RankRun], reference: &[RankRun]) -> bool {
 
 /// The traced run equals the eager one on every rank, replays (each after a matched
 /// trace), and the untraced run does not equal it.
-fn check(weight: fn(usize, usize) -> f32) -> Vec<RankRun> {
+fn check(weight: HostValue, decay: HostValue) -> Vec<RankRun> {
     let bytes = model_bytes();
-    let eager = run(Steps::Eager, &bytes, weight);
-    let traced = run(Steps::Traced, &bytes, weight);
+    let eager = run(Steps::Eager, &bytes, weight, decay);
+    let traced = run(Steps::Traced, &bytes, weight, decay);
     for (rank, run) in traced.iter().enumerate() {
         eprintln!(
             "rank {rank}: {} replays, {} traces matched, of {STEPS} steps",
@@ -122,7 +192,7 @@ fn check(weight: fn(usize, usize) -> f32) -> Vec<RankRun> {
         }
     }
     assert!(same(&traced, &eager), "traced ranks differ from eager ones");
-    let untraced = run(Steps::Untraced, &bytes, weight);
+    let untraced = run(Steps::Untraced, &bytes, weight, decay);
     assert!(
         untraced[0].replayed > 0,
         "the untraced ranks never replayed"
@@ -145,28 +215,49 @@ fn a_host_weight_changed_on_one_rank_trains_as_eager_ranks_do() {
             1.0
         }
     };
-    let traced = check(weight);
-    // The step of the change: rank 1's trace saw the new value, rank 0's matched and
-    // went on eagerly with it, and both say why.
-    let stale = |run: &RankRun| match &run.modes[CHANGE] {
+    let traced = check(weight, |_, _| 1.0);
+    changed_on_rank_one(&traced, CHANGE);
+}
+
+/// The step of the change: rank 1's trace saw the new value, rank 0's matched and went
+/// on eagerly with it, and both say why; both replay again once the new value is graphed.
+fn changed_on_rank_one(traced: &[RankRun], change: usize) {
+    let stale = |run: &RankRun| match &run.modes[change] {
         StepMode::Eager(FallbackReason::GraphStale { change }) => Some(change.clone()),
         _ => None,
     };
     assert!(
         matches!(stale(&traced[1]), Some(StepChange::HostValues { .. })),
         "rank 1 at the change: {:?}",
-        traced[1].modes[CHANGE]
+        traced[1].modes[change]
     );
     assert_eq!(
         stale(&traced[0]),
         Some(StepChange::PeerDiffered { rank: 1 }),
         "rank 0 at the change: {:?}",
-        traced[0].modes[CHANGE]
+        traced[0].modes[change]
     );
-    // Both replay again once the new value is graphed.
-    for run in &traced {
+    for run in traced {
         assert_eq!(run.modes.last(), Some(&StepMode::Replayed));
     }
+}
+
+#[test]
+fn a_host_value_after_the_average_on_one_rank_trains_as_eager_ranks_do() {
+    let _rng = crate::common::rng::shared();
+    // Rank 1's optimizer decays the parameters from step 24 on: its trace matches the
+    // average and stops matching after it, so every rank computes the average again,
+    // together.
+    const CHANGE: usize = 24;
+    let decay = |rank: usize, step: usize| {
+        if rank == 1 && step >= CHANGE {
+            0.999
+        } else {
+            1.0
+        }
+    };
+    let traced = check(|_, _| 1.0, decay);
+    changed_on_rank_one(&traced, CHANGE);
 }
 
 #[test]
@@ -178,5 +269,5 @@ fn a_host_coin_on_each_rank_trains_as_eager_ranks_do() {
         let mut coin = StdRng::seed_from_u64((rank * 1000 + step) as u64);
         if coin.random_bool(0.3) { 2.0 } else { 1.0 }
     };
-    check(weight);
+    check(weight, |_, _| 1.0);
 }
