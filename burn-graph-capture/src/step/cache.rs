@@ -503,6 +503,27 @@ impl<G: Recorded> GraphCache<G> {
     /// or disabled the shape. Beside graphs of other paths, a step of one of those does
     /// not count, and the shape gives up after [`BRANCH_TRIES`] steps.
     pub(crate) fn warmed(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
+        self.warm(key, step, false)
+    }
+
+    /// [`warmed`](Self::warmed), for a step that a trace matched against every graph of
+    /// `key` and found none of: a path of its own, even where its ops look like a
+    /// graph's (the same ops reading another view of one tensor, or another tensor of
+    /// one shape).
+    pub(crate) fn warmed_unmatched(
+        &mut self,
+        key: &InputKey,
+        step: Observation,
+    ) -> Option<FallbackReason> {
+        self.warm(key, step, true)
+    }
+
+    fn warm(
+        &mut self,
+        key: &InputKey,
+        step: Observation,
+        unmatched: bool,
+    ) -> Option<FallbackReason> {
         let warmup_steps = self.limits.warmup_steps;
         let entry = self.entries.get_mut(key)?;
         if !matches!(entry.phase, Phase::Warming { .. }) {
@@ -514,7 +535,7 @@ impl<G: Recorded> GraphCache<G> {
                 entry.give_up_branch();
                 return None;
             }
-            if entry.has_graph_for(&step) {
+            if !unmatched && entry.has_graph_for(&step) {
                 return None;
             }
         }

@@ -299,6 +299,15 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         self.cache.warmed(key, step)
     }
 
+    /// Records a warmup step of a path that `key`'s graphs' traces found none of.
+    pub(crate) fn warmed_unmatched(
+        &mut self,
+        key: &InputKey,
+        step: Observation,
+    ) -> Option<FallbackReason> {
+        self.cache.warmed_unmatched(key, step)
+    }
+
     /// Records a step that verified the suspect graph of `key`.
     pub(crate) fn verified(&mut self, key: &InputKey, step: Observation) -> Option<FallbackReason> {
         self.cache.verified(key, step)

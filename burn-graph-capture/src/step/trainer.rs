@@ -560,7 +560,8 @@ where
                 mode,
                 observed,
             })) => {
-                let reason = observed.and_then(|observed| self.graphs.warmed(key, observed));
+                let reason =
+                    observed.and_then(|observed| self.graphs.warmed_unmatched(key, observed));
                 return Ok((item, reason.map_or(mode, StepMode::Eager)));
             }
             Err(fallback) => Err(fallback),

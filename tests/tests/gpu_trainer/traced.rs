@@ -101,10 +101,12 @@ fn a_host_weight_changed_after_the_capture_is_traced<G: Stack>() {
     );
     caught(case, &traced, &untraced, &eager);
     every_replay_traced(case, &traced, STEPS / 2);
+    let stale = stale_steps(&traced, host_values);
+    assert_eq!(stale.first(), Some(&30), "{case}: found at once");
     assert_eq!(
-        stale_steps(&traced, host_values),
-        [30],
-        "{case}: found at once"
+        traced.modes.last(),
+        Some(&StepMode::Replayed),
+        "{case}: the new value graphs beside the old"
     );
 }
 
@@ -166,6 +168,11 @@ fn a_branch_between_views_of_one_tensor_is_traced<G: Stack>() {
     );
     caught(case, &traced, &untraced, &eager);
     every_replay_traced(case, &traced, STEPS / 2);
+    assert_eq!(
+        traced.modes.last(),
+        Some(&StepMode::Replayed),
+        "{case}: the other view's path graphs beside the first"
+    );
 }
 
 /// Both outcomes of a host coin (70 % heads, seeded by the step) picking one of two loss

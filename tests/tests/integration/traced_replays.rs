@@ -126,8 +126,8 @@ enum Shows {
 }
 
 /// Traced: equal to plain code, replays (each matched by a trace), and what `shows`
-/// says. Untraced: unequal to plain code.
-fn check<F>(make: impl Fn() -> (Box<dyn Fn(usize)>, F), sizes: &[usize], shows: Shows)
+/// says. Untraced: unequal to plain code. Returns the traced run.
+fn check<F>(make: impl Fn() -> (Box<dyn Fn(usize)>, F), sizes: &[usize], shows: Shows) -> Run
 where
     F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + 'static,
 {
@@ -158,6 +158,7 @@ where
         (plain.losses, plain.params),
         "untraced replays train as plain code: the case shows nothing"
     );
+    traced
 }
 
 fn host_values(change: &StepChange) -> bool {
@@ -211,7 +212,7 @@ fn a_branch_among_heads_of_one_shape_is_traced() {
 #[test]
 fn a_branch_between_views_of_one_tensor_is_traced() {
     let _rng = crate::common::rng::exclusive();
-    check(
+    let traced = check(
         || {
             let half = Rc::new(Cell::new(0));
             let set = Rc::clone(&half);
@@ -230,6 +231,14 @@ fn a_branch_between_views_of_one_tensor_is_traced() {
         },
         &[4],
         Shows::Difference(other_input),
+    );
+    // The other view's path has ops like the first's: the trace, which found no graph
+    // for it, tells them apart, and it graphs beside the first.
+    assert_eq!(
+        traced.modes.last(),
+        Some(&StepMode::Replayed),
+        "{:?}",
+        traced.modes
     );
 }
 
