@@ -84,15 +84,22 @@ fn hash_view<S: Hash>(offset: u64, strides: &[S]) -> u64 {
     hasher.finish()
 }
 
-/// Reads the number that follows `marker` in `value`'s `Debug` form: the counter inside
-/// an id whose field is private (Fusion's `TensorId`, CubeCL's memory id).
+/// Reads the number that follows `prefix` at the start of `value`'s `Debug` form: the
+/// counter inside an id whose field is private (Fusion's `TensorId`, CubeCL's memory id).
+/// `None` where the form starts otherwise (a changed `Debug` form: the tests of this
+/// module read real ids at the pinned versions) or no number follows.
 ///
-/// The form is streamed, never collected: nothing is allocated, and formatting stops at
-/// the first character after the number, so fields printed after it (a memory handle's
+/// The form is streamed, never collected: nothing is allocated, each piece the
+/// formatter writes is compared with the prefix at once, and formatting stops at the
+/// first character after the number, so fields printed after it (a memory handle's
 /// location) are never formatted. A trace reads an id for every input of every op.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn counter_in_debug<T: fmt::Debug + ?Sized>(value: &T, marker: &str) -> Option<u64> {
-    let mut reader = CounterReader::new(marker.as_bytes());
+pub(crate) fn counter_after<T: fmt::Debug + ?Sized>(value: &T, prefix: &str) -> Option<u64> {
+    let mut reader = CounterReader {
+        prefix: prefix.as_bytes(),
+        read: 0,
+        state: ReadState::Prefix,
+    };
     // The reader stops the formatting with an error once it has the number (or knows
     // there is none); the error carries no other meaning.
     let _ = fmt::write(&mut reader, format_args!("{value:?}"));
@@ -103,99 +110,73 @@ pub(crate) fn counter_in_debug<T: fmt::Debug + ?Sized>(value: &T, marker: &str) 
     }
 }
 
-/// The longest marker [`counter_in_debug`] looks for.
-const MARKER_CAPACITY: usize = 32;
-
-/// A `fmt::Write` that looks for a marker and then reads the digits after it. The
-/// marker is matched a byte at a time (Knuth-Morris-Pratt), so that a marker split
-/// across writes, or one that restarts inside itself, is found.
-struct CounterReader<'m> {
-    marker: &'m [u8],
-    /// For each prefix of the marker, the length of its longest proper prefix that is
-    /// also its suffix.
-    fallback: [u8; MARKER_CAPACITY],
-    /// Bytes of the marker matched so far.
-    matched: usize,
+/// A `fmt::Write` that checks the prefix piece by piece, then reads the digits after it.
+struct CounterReader<'p> {
+    prefix: &'p [u8],
+    /// Bytes of the prefix read so far.
+    read: usize,
     state: ReadState,
 }
 
 #[derive(Clone, Copy)]
 enum ReadState {
-    Seeking,
+    Prefix,
     Digits {
         value: u64,
         count: u32,
     },
     Done(u64),
-    /// The marker was not followed by a number, or the number overflowed.
+    /// The form started otherwise, no number followed, or the number overflowed.
     Invalid,
 }
 
-impl<'m> CounterReader<'m> {
-    fn new(marker: &'m [u8]) -> Self {
-        assert!(
-            !marker.is_empty() && marker.len() <= MARKER_CAPACITY,
-            "a marker is 1 to {MARKER_CAPACITY} bytes"
-        );
-        let mut fallback = [0; MARKER_CAPACITY];
-        let mut length = 0;
-        for index in 1..marker.len() {
-            while length > 0 && marker[index] != marker[length] {
-                length = usize::from(fallback[length - 1]);
+impl CounterReader<'_> {
+    /// Takes `bytes` after the prefix; `false` once reading is over.
+    fn digits(&mut self, bytes: &[u8]) -> bool {
+        for &byte in bytes {
+            self.state = match self.state {
+                ReadState::Digits { value, count } if byte.is_ascii_digit() => value
+                    .checked_mul(10)
+                    .and_then(|v| v.checked_add(u64::from(byte - b'0')))
+                    .map_or(ReadState::Invalid, |value| ReadState::Digits {
+                        value,
+                        count: count + 1,
+                    }),
+                ReadState::Digits { value, count } if count > 0 => ReadState::Done(value),
+                _ => ReadState::Invalid,
+            };
+            if !matches!(self.state, ReadState::Digits { .. }) {
+                return false;
             }
-            if marker[index] == marker[length] {
-                length += 1;
-            }
-            fallback[index] = length as u8;
         }
-        Self {
-            marker,
-            fallback,
-            matched: 0,
-            state: ReadState::Seeking,
-        }
-    }
-
-    /// Takes one byte; `false` once reading is over.
-    fn push(&mut self, byte: u8) -> bool {
-        self.state = match self.state {
-            ReadState::Seeking => {
-                while self.matched > 0 && self.marker[self.matched] != byte {
-                    self.matched = usize::from(self.fallback[self.matched - 1]);
-                }
-                if self.marker[self.matched] == byte {
-                    self.matched += 1;
-                }
-                if self.matched == self.marker.len() {
-                    ReadState::Digits { value: 0, count: 0 }
-                } else {
-                    ReadState::Seeking
-                }
-            }
-            ReadState::Digits { value, count } if byte.is_ascii_digit() => value
-                .checked_mul(10)
-                .and_then(|v| v.checked_add(u64::from(byte - b'0')))
-                .map_or(ReadState::Invalid, |value| ReadState::Digits {
-                    value,
-                    count: count + 1,
-                }),
-            ReadState::Digits { value, count } if count > 0 => ReadState::Done(value),
-            // Once read (or found missing), the value stays, whatever else is written.
-            ReadState::Digits { .. } => ReadState::Invalid,
-            settled @ (ReadState::Done(_) | ReadState::Invalid) => settled,
-        };
-        matches!(self.state, ReadState::Seeking | ReadState::Digits { .. })
+        true
     }
 }
 
 impl fmt::Write for CounterReader<'_> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
-        for &byte in text.as_bytes() {
-            if !self.push(byte) {
+        let mut bytes = text.as_bytes();
+        if let ReadState::Prefix = self.state {
+            let expected = &self.prefix[self.read..];
+            let compared = expected.len().min(bytes.len());
+            if bytes[..compared] != expected[..compared] {
+                self.state = ReadState::Invalid;
                 return Err(fmt::Error);
             }
+            self.read += compared;
+            bytes = &bytes[compared..];
+            if self.read < self.prefix.len() {
+                return Ok(());
+            }
+            self.state = ReadState::Digits { value: 0, count: 0 };
         }
-        Ok(())
+        // Once read (or found missing), the value stays, whatever else is written.
+        let reading = matches!(self.state, ReadState::Digits { .. });
+        if reading && self.digits(bytes) {
+            Ok(())
+        } else {
+            Err(fmt::Error)
+        }
     }
 }
 
@@ -240,14 +221,15 @@ mod cuda {
     use burn_cubecl::tensor::CubeTensor;
     use burn_fusion::{FusionRuntime, FusionTensor};
 
-    use super::{Allocated, AllocationId, counter_in_debug};
+    use super::{Allocated, AllocationId, counter_after};
     use crate::runtime::{CudaGraphRuntime, memory_at_rest};
 
-    /// What precedes the id in a CubeCL memory handle's `Debug` form; the handle's
+    /// How a CubeCL memory handle's `Debug` form starts, up to its id; the handle's
     /// location comes after it, so the read stops before the location is formatted.
-    pub(super) const CUBE_MEMORY_ID: &str = "ManagedMemoryId { value: ";
-    /// What precedes the counter in a Fusion `TensorId`'s `Debug` form.
-    pub(super) const FUSION_TENSOR_ID: &str = "value: ";
+    pub(super) const CUBE_MEMORY_ID: &str =
+        "ManagedMemoryHandle { descriptor: ManagedMemoryDescriptor { id: ManagedMemoryId { value: ";
+    /// How a Fusion `TensorId`'s `Debug` form starts, up to its counter.
+    pub(super) const FUSION_TENSOR_ID: &str = "TensorId { value: ";
 
     /// CubeCL numbers every memory handle from a process-wide counter when the tensor is
     /// created; views and in-place results keep their handle, hence its id. The handle's
@@ -257,7 +239,7 @@ mod cuda {
     impl Allocated for CubeTensor<CudaGraphRuntime> {
         fn allocation_id(&self) -> Option<AllocationId> {
             memory_at_rest(self.device.index, || {
-                counter_in_debug(&self.handle.memory, CUBE_MEMORY_ID)
+                counter_after(&self.handle.memory, CUBE_MEMORY_ID)
             })
             .map(AllocationId::unique)
         }
@@ -278,7 +260,7 @@ mod cuda {
     /// result is always a new id, even where its kernel wrote in place.
     impl<R: FusionRuntime> Allocated for FusionTensor<R> {
         fn allocation_id(&self) -> Option<AllocationId> {
-            counter_in_debug(&self.id, FUSION_TENSOR_ID).map(AllocationId::unique)
+            counter_after(&self.id, FUSION_TENSOR_ID).map(AllocationId::unique)
         }
     }
 }
@@ -297,27 +279,41 @@ mod tests {
     }
 
     #[test]
-    fn counters_are_read_from_debug_forms() {
+    fn counters_are_read_after_the_prefix_of_debug_forms() {
         #[derive(Debug)]
         #[allow(dead_code, reason = "read through its Debug form only")]
         struct TensorId {
             value: u64,
         }
+        let prefix = "TensorId { value: ";
+        assert_eq!(counter_after(&TensorId { value: 42 }, prefix), Some(42));
+        // A form that starts otherwise, even one holding the prefix later, is no id.
+        assert_eq!(counter_after("Other { x: 1 }", prefix), None);
         assert_eq!(
-            counter_in_debug(&TensorId { value: 42 }, "value: "),
-            Some(42)
-        );
-        assert_eq!(counter_in_debug("Other { x: 1 }", "value: "), None);
-        // The marker and the digits may arrive split across writes.
-        let split = Pieces(&["Id { val", "ue: 12", "34 }"]);
-        assert_eq!(counter_in_debug(&split, "value: "), Some(1234));
-        // A marker that restarts inside itself is still found.
-        assert_eq!(counter_in_debug(&Pieces(&["aaab7,"]), "aab"), Some(7));
-        // No digits after the marker, or too many, is no id.
-        assert_eq!(counter_in_debug(&Pieces(&["value: x"]), "value: "), None);
-        assert_eq!(
-            counter_in_debug(&Pieces(&["value: 99999999999999999999999"]), "value: "),
+            counter_after(&Pieces(&["X", "TensorId { value: 3 }"]), prefix),
             None
+        );
+        // The prefix and the digits may arrive split across writes, anywhere.
+        let split = Pieces(&["Tensor", "Id { val", "ue: 12", "34 }"]);
+        assert_eq!(counter_after(&split, prefix), Some(1234));
+        let whole = Pieces(&["TensorId { value: 56 }"]);
+        assert_eq!(counter_after(&whole, prefix), Some(56));
+        // No digits after the prefix, or too many, is no id.
+        assert_eq!(
+            counter_after(&Pieces(&["TensorId { value: x"]), prefix),
+            None
+        );
+        assert_eq!(
+            counter_after(
+                &Pieces(&["TensorId { value: 99999999999999999999999 }"]),
+                prefix
+            ),
+            None
+        );
+        // A form that ends with the number still names it.
+        assert_eq!(
+            counter_after(&Pieces(&["TensorId { value: 7"]), prefix),
+            Some(7)
         );
     }
 
@@ -340,10 +336,10 @@ mod tests {
             id: 9,
             location: Untouchable,
         };
-        assert_eq!(counter_in_debug(&handle, "id: "), Some(9));
+        assert_eq!(counter_after(&handle, "Handle { id: "), Some(9));
         // Debug forms that ignore write errors keep the value read.
         assert_eq!(
-            counter_in_debug(&Pieces(&["id: 5", " more id: 6"]), "id: "),
+            counter_after(&Pieces(&["id: 5", " more id: 6"]), "id: "),
             Some(5)
         );
     }
@@ -384,9 +380,9 @@ mod tests {
         use super::cuda::{CUBE_MEMORY_ID, FUSION_TENSOR_ID};
 
         let id = burn_ir::TensorId::new(123_456);
-        assert_eq!(counter_in_debug(&id, FUSION_TENSOR_ID), Some(123_456));
+        assert_eq!(counter_after(&id, FUSION_TENSOR_ID), Some(123_456));
         let (a, b) = (ManagedMemoryHandle::new(), ManagedMemoryHandle::new());
-        let read = |h: &ManagedMemoryHandle| counter_in_debug(h, CUBE_MEMORY_ID).unwrap();
+        let read = |h: &ManagedMemoryHandle| counter_after(h, CUBE_MEMORY_ID).unwrap();
         assert_eq!(read(&a), read(&a.clone()));
         assert!(read(&b) > read(&a));
         // The id is printed before the location, so the reader never formats the latter.
