@@ -219,18 +219,12 @@ impl Trace {
         Self::begin_with(candidates, observing, Some(peers))
     }
 
-    /// Whether a trace would begin: graphs with trace recordings, and traces not
-    /// switched off on this thread.
-    pub(crate) fn possible(candidates: &[Candidate]) -> bool {
-        !Untraced::active() && !candidates.is_empty()
-    }
-
     fn begin_with(
         candidates: &[Candidate],
         observing: bool,
         peers: Option<Box<dyn Peers>>,
     ) -> Option<Self> {
-        if !Self::possible(candidates) {
+        if Untraced::active() || candidates.is_empty() {
             return None;
         }
         TRACER.with(|tracer| {

@@ -582,6 +582,14 @@ impl<G: GraphBackend, T: StepInput<TrainBackend<G>>> Graphs<G, T> {
         Ok(())
     }
 
+    /// Whether `key`'s graphs can be traced: its first graph has a trace recording (the
+    /// candidates [`traces_of`](Self::traces_of) gives start with it).
+    pub(crate) fn traceable(&self, key: &InputKey) -> bool {
+        self.cache
+            .first(key)
+            .is_some_and(|step| G::trace_recording(&step.graph).is_some())
+    }
+
     /// The graphs a trace of `key`'s step chooses among, the one its replay is
     /// prepared for first, and the batch inputs the trace runs the closure on (that
     /// graph's, as its capture did). Each graph comes with the pins it reads constants

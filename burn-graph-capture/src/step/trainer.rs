@@ -26,7 +26,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{Trace, Traced, Unfilled};
+use crate::backend::trace::{Trace, Traced, Unfilled, Untraced};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -335,7 +335,7 @@ where
         let proposal = match &plan {
             // A step beside a shape's graphs replays where its trace matches one.
             Plan::Replay | Plan::Branch => Proposal::Replay {
-                traced: Trace::possible(&self.graphs.traces_of(&key).0),
+                traced: !Untraced::active() && self.graphs.traceable(&key),
             },
             Plan::Capture => Proposal::Capture,
             Plan::Warmup => Proposal::Eager(FallbackReason::Warmup),
@@ -537,13 +537,9 @@ where
         batch: &I,
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), StepError> {
-        // A rank prepared its replay before the ranks agreed on it; past that, a step
-        // that fails fails the group.
+        // A rank prepared its replay before the ranks agreed on it.
         let rank = self.rank.clone();
-        let fail = |fallback| match (fallback, &rank) {
-            (Fallback::Eager { reason, .. }, Some(rank)) => Fallback::Refused(rank.fail(reason)),
-            (fallback, _) => fallback,
-        };
+        let fail = |fallback| past_agreement(rank.as_ref(), fallback);
         let prepared = match rank {
             Some(_) => Ok(()),
             None => self.graphs.prepare_replay(&mut self.learner, key, inputs),
@@ -623,12 +619,7 @@ where
             let output = self.graphs.launch_replay(key)?;
             return Ok((output, StepMode::Replayed));
         };
-        // Past the agreement, a rank whose step fails leaves its peers inside the step's
-        // collectives (or the trace's meeting points): it fails the group.
-        let fail = |fallback| match fallback {
-            Fallback::Eager { reason, .. } => Fallback::Refused(rank.fail(reason)),
-            refused @ Fallback::Refused(_) => refused,
-        };
+        let fail = |fallback| past_agreement(Some(&rank), fallback);
         if !self.untraced_replay
             && let Some(eager) = self.trace(key, batch, inputs, false).map_err(fail)?
         {
@@ -686,10 +677,7 @@ where
             // A rank's closure that fails leaves its peers at the trace's meeting points.
             Ok(Err(error)) if let Some(rank) = &self.rank => {
                 drop(trace);
-                return Err(Fallback::Refused(match error {
-                    StepError::DataParallel(_) => error,
-                    error => rank.fail(error),
-                }));
+                return Err(Fallback::Refused(rank.fail_step(error)));
             }
             Ok(item) => (Some(item), trace.end()),
             // The trace could not compute what it had handed out: the closure unwound,
@@ -779,9 +767,7 @@ where
             item
         });
         let item = match (item, cx.rank) {
-            (Err(error), Some(rank)) if !matches!(error, StepError::DataParallel(_)) => {
-                return Err(rank.fail(error));
-            }
+            (Err(error), Some(rank)) => return Err(rank.fail_step(error)),
             (item, _) => item?,
         };
         drop(unwinding);
@@ -848,6 +834,16 @@ struct StepPanicked;
 /// Fails a data-parallel group if dropped while its thread unwinds (a panic inside a
 /// step, after which the peers would wait in its collectives).
 struct FailOnUnwind<B: Backend>(Rank<B>);
+
+/// A data-parallel rank's fallback past the ranks' agreement fails the group: its peers
+/// are inside the step's collectives (or a trace's meeting points). A lone trainer's
+/// stays a fallback.
+fn past_agreement<B: Backend>(rank: Option<&Rank<B>>, fallback: Fallback) -> Fallback {
+    match (fallback, rank) {
+        (Fallback::Eager { reason, .. }, Some(rank)) => Fallback::Refused(rank.fail(reason)),
+        (fallback, _) => fallback,
+    }
+}
 
 impl<B: Backend> Drop for FailOnUnwind<B> {
     fn drop(&mut self) {

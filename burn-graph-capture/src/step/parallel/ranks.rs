@@ -91,6 +91,15 @@ impl<B: Backend> Rank<B> {
         }))
     }
 
+    /// Fails the group for this rank's step error, unless that error is already the
+    /// group's failure.
+    pub(crate) fn fail_step(&self, error: StepError) -> StepError {
+        match error {
+            StepError::DataParallel(_) => error,
+            error => self.fail(error),
+        }
+    }
+
     /// What this rank does, given what every rank proposes for the step.
     pub(crate) fn agree(&self, proposal: &Proposal) -> Result<Verdict, StepError> {
         let all: Vec<Proposal> = self.exchange(proposal)?;
