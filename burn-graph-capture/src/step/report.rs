@@ -46,6 +46,12 @@ pub struct TrainerReport {
     /// Host time spent tracing steps against their graphs, in milliseconds.
     #[serde(default)]
     pub trace_ms: f64,
+    /// Host time spent launching replays, in milliseconds: copying the batch into its
+    /// pins, checking the pins, the launch and the copy of the step's outputs (a trace
+    /// before the launch is `trace_ms`). (Absent from reports written before it existed:
+    /// read as 0.)
+    #[serde(default)]
+    pub launch_ms: f64,
     /// Bytes pinned in the arena for parameters and optimizer state.
     pub pinned_bytes: u64,
     /// Graphs currently alive.

@@ -547,8 +547,7 @@ where
         let traced = prepared.and_then(|()| self.trace(key, batch, inputs, true));
         let attempt = match traced.map_err(fail) {
             Ok(None) => self
-                .graphs
-                .launch_replay(key)
+                .launch(key)
                 .map(|output| (output, StepMode::Replayed))
                 .map_err(fail),
             Ok(Some(TracedEager {
@@ -612,12 +611,13 @@ where
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), Fallback> {
         let Some(rank) = self.rank.clone() else {
+            let preparing = Instant::now();
             self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
+            self.report.launch_ms += preparing.elapsed().as_secs_f64() * 1e3;
             if let Some(eager) = self.trace(key, batch, inputs, false)? {
                 return Ok((eager.item, eager.mode));
             }
-            let output = self.graphs.launch_replay(key)?;
-            return Ok((output, StepMode::Replayed));
+            return self.launch(key).map(|output| (output, StepMode::Replayed));
         };
         let fail = |fallback| past_agreement(Some(&rank), fallback);
         if !self.untraced_replay
@@ -625,10 +625,17 @@ where
         {
             return Ok((eager.item, eager.mode));
         }
-        self.graphs
-            .launch_replay(key)
+        self.launch(key)
             .map(|output| (output, StepMode::Replayed))
             .map_err(fail)
+    }
+
+    /// Launches `key`'s first graph, timed into the report.
+    fn launch(&mut self, key: &InputKey) -> Result<R::Item, Fallback> {
+        let launching = Instant::now();
+        let output = self.graphs.launch_replay(key);
+        self.report.launch_ms += launching.elapsed().as_secs_f64() * 1e3;
+        output
     }
 
     /// Traces the step against `key`'s graphs (`backend::trace`): the closure, backward

@@ -309,6 +309,9 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                         "rounds": cost.rounds, "traced_ms": cost.traced_ms,
                         "untraced_ms": cost.untraced_ms, "overhead": overhead,
                         "trace_ms_per_step": cost.trace_ms_per_step,
+                        "check_ms_traced": cost.check_ms.0, "check_ms_untraced": cost.check_ms.1,
+                        "launch_ms_traced": cost.launch_ms.0,
+                        "launch_ms_untraced": cost.launch_ms.1,
                         "host_ms_traced": cost.host_ms.0, "host_ms_untraced": cost.host_ms.1,
                         "traces_matched": cost.traces_matched,
                         "not_replayed": cost.not_replayed,
@@ -316,11 +319,15 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                     })
                 );
                 println!(
-                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; step calls {:.3} / {:.3} ms of host time; eager {:.3} ms per step, {:.3} ms of host time; {} traces matched, {} steps not replayed |",
+                    "| {size} | {model} | traced {:.3} ms against untraced {:.3} ms per step ({:+.2} %); trace {:.3} ms of host time per step; checks {:.3} / {:.3}, launches {:.3} / {:.3} ms; step calls {:.3} / {:.3} ms of host time; eager {:.3} ms per step, {:.3} ms of host time; {} traces matched, {} steps not replayed |",
                     cost.traced_ms,
                     cost.untraced_ms,
                     overhead * 100.0,
                     cost.trace_ms_per_step,
+                    cost.check_ms.0,
+                    cost.check_ms.1,
+                    cost.launch_ms.0,
+                    cost.launch_ms.1,
                     cost.host_ms.0,
                     cost.host_ms.1,
                     cost.eager_ms,

@@ -348,6 +348,11 @@ pub struct TraceCost {
     pub untraced_ms: f64,
     /// Host ms per step spent tracing (the traced trainer's timed rounds).
     pub trace_ms_per_step: f64,
+    /// Host ms per step in checks and in launches (`TrainerReport::check_ms`,
+    /// `launch_ms`), traced and untraced: with the trace, what a replayed step's host
+    /// time is made of.
+    pub check_ms: (f64, f64),
+    pub launch_ms: (f64, f64),
     /// Host ms per call of `step` (traced, untraced): where it exceeds the device's time
     /// per step, the host bounds the pipeline.
     pub host_ms: (f64, f64),
@@ -402,6 +407,7 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
         start.elapsed().as_secs_f64() * 1e3 / steps_per_round as f64
     };
     let before = traced.report();
+    let untraced_before = untraced.report();
     let (mut with, mut without, mut eagerly) = (Vec::new(), Vec::new(), Vec::new());
     let (mut host_with, mut host_without, mut host_eager) = Default::default();
     for _ in 0..rounds {
@@ -410,7 +416,14 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
         eagerly.push(round(&mut eager, &mut host_eager));
     }
     let after = traced.report();
+    let untraced_after = untraced.report();
     let timed = (rounds * steps_per_round) as f64;
+    let per_step = |field: fn(&TrainerReport) -> f64| {
+        (
+            (field(&after) - field(&before)) / timed,
+            (field(&untraced_after) - field(&untraced_before)) / timed,
+        )
+    };
     // After the timed rounds, so that sampling slows none of them.
     let name = format!("trace-{model}-{}", work.size.to_string().replace('/', "-"));
     host_profile::sampled(&name, || {
@@ -425,6 +438,8 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
         traced_ms: timing::median(with),
         untraced_ms: timing::median(without),
         trace_ms_per_step: (after.trace_ms - before.trace_ms) / timed,
+        check_ms: per_step(|report| report.check_ms),
+        launch_ms: per_step(|report| report.launch_ms),
         host_ms: (
             host_with.as_secs_f64() * 1e3 / timed,
             host_without.as_secs_f64() * 1e3 / timed,

@@ -153,6 +153,14 @@ where
         parameter_bits(trainer.model().unwrap()),
         parameter_bits(&eager)
     );
+    // A replayed step's host time is in the report: its trace and its launch.
+    let report = trainer.report();
+    if report.modes.replayed > 0 {
+        assert!(
+            report.trace_ms > 0.0 && report.launch_ms > 0.0,
+            "{report:?}"
+        );
+    }
     modes
 }
 
