@@ -672,8 +672,7 @@ where
         });
         let session = match &accounted {
             Some(accounted) if by_place => CaptureSession::begin_keeping(accounted.ids().clone()),
-            Some(_) => CaptureSession::begin(),
-            None => CaptureSession::begin_unrecorded(),
+            _ => CaptureSession::begin(),
         };
         // A panic in the closure, resumed below, leaves the peers inside the trace's
         // meeting points.
