@@ -542,7 +542,7 @@ where
         let fail = |fallback| past_agreement(rank.as_ref(), fallback);
         let prepared = match rank {
             Some(_) => Ok(()),
-            None => self.graphs.prepare_replay(&mut self.learner, key, inputs),
+            None => self.prepare(key, inputs),
         };
         let traced = prepared.and_then(|()| self.trace(key, batch, inputs, true));
         let attempt = match traced.map_err(fail) {
@@ -611,9 +611,7 @@ where
         inputs: &[AnyTensor<G>],
     ) -> Result<(R::Item, StepMode), Fallback> {
         let Some(rank) = self.rank.clone() else {
-            let preparing = Instant::now();
-            self.graphs.prepare_replay(&mut self.learner, key, inputs)?;
-            self.report.launch_ms += preparing.elapsed().as_secs_f64() * 1e3;
+            self.prepare(key, inputs)?;
             if let Some(eager) = self.trace(key, batch, inputs, false)? {
                 return Ok((eager.item, eager.mode));
             }
@@ -628,6 +626,15 @@ where
         self.launch(key)
             .map(|output| (output, StepMode::Replayed))
             .map_err(fail)
+    }
+
+    /// A lone trainer's replay prepared (pins checked, the batch copied in), timed into
+    /// the report's launch time; a rank prepares before the ranks agree (`check_ms`).
+    fn prepare(&mut self, key: &InputKey, inputs: &[AnyTensor<G>]) -> Result<(), Fallback> {
+        let preparing = Instant::now();
+        let prepared = self.graphs.prepare_replay(&mut self.learner, key, inputs);
+        self.report.launch_ms += preparing.elapsed().as_secs_f64() * 1e3;
+        prepared
     }
 
     /// Launches `key`'s first graph, timed into the report.

@@ -437,7 +437,7 @@ pub fn trace_cost<G: Stack, M: Model<G>>(
         rounds,
         traced_ms: timing::median(with),
         untraced_ms: timing::median(without),
-        trace_ms_per_step: (after.trace_ms - before.trace_ms) / timed,
+        trace_ms_per_step: per_step(|report| report.trace_ms).0,
         check_ms: per_step(|report| report.check_ms),
         launch_ms: per_step(|report| report.launch_ms),
         host_ms: (
