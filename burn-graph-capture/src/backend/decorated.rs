@@ -160,7 +160,7 @@ fn collective<B: GraphBackend>(
     if let Some((rec, _)) = &recorder
         && trace::active()
     {
-        let keys: Vec<_> = tensors.iter().map(trace::input).collect();
+        let keys: trace::Inputs<'_> = tensors.iter().map(trace::input).collect();
         let handed = trace::matched(op, rec, None, &keys, |stand_ins| {
             (0..stand_ins.len())
                 .map(|index| trace::hand_out(stand_ins, index))

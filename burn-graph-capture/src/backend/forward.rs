@@ -37,7 +37,7 @@ macro_rules! forward_ops {
     (@record relabel, $rec:ident, $arg:ident) => {
         $crate::backend::relabel::Relabel::record(&$arg, $rec, false)
     };
-    (@record attr, $rec:ident, $arg:ident) => { $rec.attr(&$arg) };
+    (@record attr, $rec:ident, $arg:ident) => { $rec.attr_value(&$arg) };
     (@record attr_ref, $rec:ident, $arg:ident) => { $rec.attr(&$arg) };
 
     (@output tensor, $rec:ident, $out:ident) => { $rec.output(&$out) };
@@ -223,7 +223,7 @@ macro_rules! forward_ops {
         let op = stringify!($name);
         // A draw from the trainer's generator is matched where it draws (`backend::random`).
         if !(op == "float_random" && $breaker.is_none()) {
-            let mut keys = Vec::new();
+            let mut keys = $crate::backend::trace::Inputs::new();
             $(forward_ops!(@trace_keys $kind, keys, $arg);)*
             if let Some(outputs) = $crate::backend::trace::matched(
                 op, $rec, *$breaker, &keys, |stand_ins| forward_ops!(@hand_out $ret_kind, stand_ins),

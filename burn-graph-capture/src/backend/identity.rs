@@ -10,7 +10,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 /// The allocation behind a tensor primitive. Two ids are equal only when they name the
@@ -65,23 +65,21 @@ pub trait Allocated {
     /// guard then treats every read of it as unaccounted for).
     fn allocation_id(&self) -> Option<AllocationId>;
 
-    /// Where in its allocation the tensor's values lie (offset, strides), hashed: two
-    /// views of one allocation with one shape differ here, and traces and emulated
-    /// graphs (`backend::emulated`) tell values apart by it. 0 where every tensor has an
-    /// allocation of its own (Fusion's ids) or graphs are not traced.
-    fn view_hash(&self) -> u64 {
-        0
+    /// Feeds where in its allocation the tensor's values lie (offset, strides) into
+    /// `state`: two views of one allocation with one shape differ here, and traces and
+    /// emulated graphs (`backend::emulated`) tell values apart by it. Nothing where every
+    /// tensor has an allocation of its own (Fusion's ids) or graphs are not traced.
+    fn hash_view(&self, state: &mut DefaultHasher) {
+        let _ = state;
     }
 }
 
-/// A view's hash (`Allocated::view_hash`): where it starts in its allocation, in the
-/// backend's unit, and its strides.
+/// A view (`Allocated::hash_view`): where it starts in its allocation, in the backend's
+/// unit, and its strides.
 #[cfg_attr(not(any(feature = "flex", feature = "cuda")), allow(dead_code))]
-fn hash_view<S: Hash>(offset: u64, strides: &[S]) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    offset.hash(&mut hasher);
-    strides.hash(&mut hasher);
-    hasher.finish()
+fn hash_view<S: Hash>(state: &mut DefaultHasher, offset: u64, strides: &[S]) {
+    offset.hash(state);
+    strides.hash(state);
 }
 
 /// Reads the number that follows `prefix` at the start of `value`'s `Debug` form: the
@@ -200,9 +198,9 @@ mod flex {
             ))
         }
 
-        fn view_hash(&self) -> u64 {
+        fn hash_view(&self, state: &mut std::hash::DefaultHasher) {
             let layout = self.layout();
-            super::hash_view(layout.start_offset() as u64, layout.strides())
+            super::hash_view(state, layout.start_offset() as u64, layout.strides())
         }
     }
 
@@ -247,8 +245,12 @@ mod cuda {
         /// A slice or a transposed view keeps its tensor's handle, hence its id: the
         /// handle's offset and the strides tell such views of one shape apart (the two
         /// halves of a batch; a square matrix and its transpose).
-        fn view_hash(&self) -> u64 {
-            super::hash_view(self.handle.offset_start.unwrap_or(0), self.meta.strides())
+        fn hash_view(&self, state: &mut std::hash::DefaultHasher) {
+            super::hash_view(
+                state,
+                self.handle.offset_start.unwrap_or(0),
+                self.meta.strides(),
+            )
         }
     }
 

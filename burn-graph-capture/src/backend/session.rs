@@ -26,8 +26,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use burn_backend::{DType, Shape, TensorData, TensorMetadata};
+use burn_backend::{DType, Scalar, Shape, TensorData, TensorMetadata};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use super::identity::{Allocated, AllocationId};
 
@@ -268,18 +269,21 @@ pub(crate) fn wanted(allocation: &AllocationId) -> bool {
         })
 }
 
+/// An op's tensors: few, so kept on the stack.
+type PerTensor<T> = SmallVec<[T; 4]>;
+
 /// Collects one op's inputs and outputs. Only used while a session is open.
 #[derive(Clone, Default)]
 pub(crate) struct OpRecorder {
-    inputs: Vec<TensorSig>,
+    inputs: PerTensor<TensorSig>,
     attrs: DefaultHasher,
     /// The input tensors' allocations.
-    reads: Vec<(Option<AllocationId>, TensorSig)>,
+    reads: PerTensor<(Option<AllocationId>, TensorSig)>,
     /// The output tensors' allocations.
-    outputs: Vec<AllocationId>,
+    outputs: PerTensor<AllocationId>,
     /// Handles on the input tensors, aligned with `reads`, while a keeping session is
     /// open.
-    primitives: Vec<Option<Arc<dyn Any + Send + Sync>>>,
+    primitives: PerTensor<Option<Arc<dyn Any + Send + Sync>>>,
     /// Whether the inputs' allocations go unread ([`OpRecorder::unnamed`]).
     unnamed: bool,
 }
@@ -367,6 +371,31 @@ impl OpRecorder {
         data.as_bytes().hash(&mut self.attrs);
     }
 
+    /// Hashes an owned argument: the common kinds (host scalars, sizes, shapes) by
+    /// their values, which a trace does at every op, any other through its `Debug` form
+    /// (formatting a float is a tenth of a microsecond). Two values hash alike only where
+    /// they are equal, bit for bit: `-0.0` and `0.0` differ, as NaNs of other payloads do.
+    pub(crate) fn attr_value<T: Debug + 'static>(&mut self, value: &T) {
+        let any: &dyn Any = value;
+        if let Some(scalar) = any.downcast_ref::<Scalar>() {
+            let (kind, bits) = match *scalar {
+                Scalar::Float(value) => (0u8, value.to_bits()),
+                Scalar::Int(value) => (1, value as u64),
+                Scalar::UInt(value) => (2, value),
+                Scalar::Bool(value) => (3, u64::from(value)),
+            };
+            self.attrs.write_u8(kind);
+            self.attrs.write_u64(bits);
+        } else if let Some(size) = any.downcast_ref::<usize>() {
+            self.attrs.write_usize(*size);
+        } else if let Some(shape) = any.downcast_ref::<Shape>() {
+            shape.hash(&mut self.attrs);
+        } else {
+            return self.attr(value);
+        }
+        self.attrs.write_u8(0xfe);
+    }
+
     /// Hashes any argument through its `Debug` form, without allocating.
     pub(crate) fn attr<T: Debug + ?Sized>(&mut self, value: &T) {
         // Writing into a hasher cannot fail.
@@ -388,21 +417,25 @@ impl OpRecorder {
     pub(crate) fn op_record(&self, op: &'static str) -> OpRecord {
         OpRecord {
             op,
-            inputs: self.inputs.clone(),
+            inputs: self.inputs.to_vec(),
             attrs: self.attrs.clone().finish(),
         }
     }
 
     /// Records the op into every open session of this thread.
     pub(crate) fn commit(self, op: &'static str, breaker: Option<BreakerKind>) {
-        let record = OpRecord {
-            op,
-            inputs: self.inputs.clone(),
-            attrs: self.attrs.finish(),
-        };
-        let breaker = breaker.map(|kind| CaptureBreaker::new(kind, op));
         RECORDINGS.with(|recordings| {
-            for (_, recording) in recordings.borrow_mut().iter_mut() {
+            let mut recordings = recordings.borrow_mut();
+            if recordings.is_empty() {
+                return;
+            }
+            let record = OpRecord {
+                op,
+                inputs: self.inputs.to_vec(),
+                attrs: self.attrs.finish(),
+            };
+            let breaker = breaker.map(|kind| CaptureBreaker::new(kind, op));
+            for (_, recording) in recordings.iter_mut() {
                 recording.add(&record, breaker.clone(), &self);
             }
         });
@@ -426,7 +459,8 @@ impl fmt::Write for HashWriter<'_> {
 /// session open. It is `!Send`: it belongs to the thread whose ops it records.
 #[must_use = "a session records until it is finished or dropped"]
 pub struct CaptureSession {
-    id: u64,
+    /// The id of the session's recording; `None` for a session that records nothing.
+    id: Option<u64>,
     keeping: bool,
     _thread_bound: PhantomData<*const ()>,
 }
@@ -455,6 +489,20 @@ impl CaptureSession {
         Self::open(recording, true)
     }
 
+    /// Opens a session that records nothing: ops on this thread build their records,
+    /// as they do while any session is open, but commit them only into other open
+    /// sessions. A trace that does not observe needs the records (it matches each op
+    /// against its graph's) but never reads a recording of its own; committing every
+    /// unmatched op (each `float_device` read) into one cost it time at every op.
+    pub(crate) fn begin_unrecorded() -> Self {
+        OPEN.with(|open| open.set(open.get() + 1));
+        Self {
+            id: None,
+            keeping: false,
+            _thread_bound: PhantomData,
+        }
+    }
+
     fn open(recording: Recording, keeping: bool) -> Self {
         let id = NEXT_ID.with(|next| {
             let id = next.get();
@@ -464,7 +512,7 @@ impl CaptureSession {
         RECORDINGS.with(|r| r.borrow_mut().push((id, recording)));
         OPEN.with(|open| open.set(open.get() + 1));
         Self {
-            id,
+            id: Some(id),
             keeping,
             _thread_bound: PhantomData,
         }
@@ -489,12 +537,15 @@ impl CaptureSession {
         if self.keeping {
             KEEPING.with(|keeping| keeping.set(keeping.get() - 1));
         }
+        let Some(own) = self.id else {
+            return Recording::default();
+        };
         RECORDINGS.with(|recordings| {
             let mut recordings = recordings.borrow_mut();
             let index = recordings
                 .iter()
-                .position(|(id, _)| *id == self.id)
-                .expect("an open session always has a recording");
+                .position(|(id, _)| *id == own)
+                .expect("an open session that records has a recording");
             recordings.swap_remove(index).1
         })
     }
@@ -532,6 +583,18 @@ mod tests {
         assert!(is_recording());
         drop(session);
         assert!(!is_recording());
+    }
+
+    #[test]
+    fn an_unrecorded_session_lets_ops_record_but_keeps_nothing_of_them() {
+        let unrecorded = CaptureSession::begin_unrecorded();
+        assert!(is_recording());
+        let (_, outer) = CaptureSession::record(|| record_dummy("both", None));
+        record_dummy("alone", None);
+        assert_eq!(outer.signature.len(), 1);
+        assert!(unrecorded.finish().signature.is_empty());
+        assert!(!is_recording());
+        assert!(RECORDINGS.with(|recordings| recordings.borrow().is_empty()));
     }
 
     #[test]

@@ -369,6 +369,9 @@ fn unwind_unfilled(why: String) -> ! {
 /// One tensor an op reads: its key, and the tensor (kept if it is from outside).
 pub(crate) type Input<'a> = (Option<Key>, &'a dyn AsValue);
 
+/// An op's inputs in a trace, on the stack (ops have few).
+pub(crate) type Inputs<'a> = smallvec::SmallVec<[Input<'a>; 4]>;
+
 /// The recorder of an op: while a trace matches without observing, one that reads no
 /// allocation ids (the trace names the inputs itself, and on the CUDA stacks an id costs
 /// the server's memory lock and a `Debug` format).

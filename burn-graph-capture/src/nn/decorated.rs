@@ -25,7 +25,7 @@ pub(crate) fn recorded<B: GraphBackend, const I: usize, const O: usize>(
     if let Some((rec, _)) = &recorder
         && trace::active()
     {
-        let keys: Vec<_> = inputs.iter().map(trace::input).collect();
+        let keys: trace::Inputs<'_> = inputs.iter().map(trace::input).collect();
         if let Some(outputs) = trace::matched(name, rec, None, &keys, |stand_ins| {
             std::array::from_fn(|index| trace::hand_out(stand_ins, index))
         }) {

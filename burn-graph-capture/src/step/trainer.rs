@@ -679,7 +679,8 @@ where
         });
         let session = match &accounted {
             Some(accounted) if by_place => CaptureSession::begin_keeping(accounted.ids().clone()),
-            _ => CaptureSession::begin(),
+            Some(_) => CaptureSession::begin(),
+            None => CaptureSession::begin_unrecorded(),
         };
         // A panic in the closure, resumed below, leaves the peers inside the trace's
         // meeting points.

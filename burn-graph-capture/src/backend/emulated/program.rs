@@ -203,7 +203,7 @@ fn view_of<T: TensorMetadata + Allocated>(tensor: &T) -> u64 {
     let mut hasher = DefaultHasher::new();
     tensor.shape().hash(&mut hasher);
     tensor.dtype().hash(&mut hasher);
-    tensor.view_hash().hash(&mut hasher);
+    tensor.hash_view(&mut hasher);
     hasher.finish()
 }
 
