@@ -530,6 +530,7 @@ impl Inner {
 
     /// Makes every stand-in not made yet (`StandIn::stand_in_later`): called once the
     /// capture's window has closed, so that traces hand out stand-ins made outside it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn make_stand_ins(&self) {
         let traced = self.steps.iter().filter_map(|step| step.traced.as_ref());
         for stand_in in traced.flat_map(|traced| &traced.stand_ins) {
