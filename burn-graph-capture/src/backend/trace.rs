@@ -437,7 +437,7 @@ pub(crate) fn matched<R>(
 /// Output `index` of a matched op's stand-ins, as the op's output type.
 pub(crate) fn hand_out<T: Clone + 'static>(stand_ins: &[StandInValue], index: usize) -> T {
     stand_ins[index]
-        .value()
+        .value
         .downcast_ref::<T>()
         .cloned()
         .expect("a matched op's stand-ins are of its output types")
@@ -527,7 +527,7 @@ impl Tracer {
             }
         }
         lead.next = step + 1;
-        lead.matched_own(&recording, step, handed.iter().map(StandInValue::key));
+        lead.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
         self.matched += 1;
         Ok(step)
     }
@@ -648,7 +648,7 @@ impl Matcher {
     /// stand-ins) for its outputs.
     fn matched(&mut self, step: usize, handed: &[StandInValue]) {
         let recording = Arc::clone(&self.recording);
-        self.matched_own(&recording, step, handed.iter().map(StandInValue::key));
+        self.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
         self.next = step + 1;
     }
 

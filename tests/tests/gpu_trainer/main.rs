@@ -29,7 +29,7 @@
 //! - `stale`: issue 27: a target network, a constant and a host weight that change
 //!   after the capture, and structure changes through `put_model` (unfreezing, a head
 //!   re-initialised, an embedding grown);
-//! - `traced`: every replay traced on both stacks: a host weight, a host coin and a
+//! - `traced`: every replay on `CudaCube` traced: a host weight, a host coin and a
 //!   branch between constants of one shape, each equal to plain code bit for bit, and
 //!   diverging untraced;
 //! - `dropout`: issue 15's device generator: its draws against the host's, an LSTM with
