@@ -899,13 +899,8 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
 /// Runs `program` both ways; `Err` says how they differ. Burn's RNG and the trainers'
 /// seeds are process-wide: the calling test holds `common::rng` exclusively.
 fn run<G: GraphBackend + LstmKernels>(program: &Program) -> Result<(), String> {
-    fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
-        let trace = graphed::<G, S>(subject, program, true)?;
-        let eager = match program.flags.random {
-            true => graphed::<G, S>(subject, program, false)?,
-            false => eager::<G, S>(subject, program),
-        };
-        let graphed = trace;
+    /// Where two runs of one program first differ.
+    fn compare(graphed: &Trace, eager: &Trace) -> Result<(), String> {
         if let Some(step) = graphed
             .losses
             .iter()
@@ -921,6 +916,23 @@ fn run<G: GraphBackend + LstmKernels>(program: &Program) -> Result<(), String> {
             return Err("final parameters differ from eager training".into());
         }
         Ok(())
+    }
+    fn both<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Result<(), String> {
+        let replayed = graphed::<G, S>(subject, program, true)?;
+        let reference = || match program.flags.random {
+            true => graphed::<G, S>(subject, program, false),
+            false => Ok(eager::<G, S>(subject, program)),
+        };
+        let eager = reference()?;
+        compare(&replayed, &eager).map_err(|difference| {
+            // The oracle holds only where eager training repeats itself bit for bit: a
+            // kernel whose sums' order depends on scheduling (an autotuned one that adds
+            // with atomics) makes two eager runs differ too. Said, never excused.
+            match reference().map(|again| compare(&again, &eager)) {
+                Ok(Err(_)) => format!("{difference}; a second eager run differs as well"),
+                _ => difference,
+            }
+        })
     }
     let caught = std::panic::catch_unwind(|| match program.kind {
         Kind::Lstm => both::<G, _>(LstmSubject, program),
