@@ -198,6 +198,12 @@ impl GraphBackend for CudaCube {
         graph.graph.replay().map_err(runtime_err)
     }
 
+    fn keep_ready(device: &CudaGraphDevice) {
+        if super::graph_backend::keeps_ready() {
+            crate::runtime::keep_server_polling(device)
+        }
+    }
+
     fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {
         graph.recording.as_ref()?.traceable().map(TraceRecording)
     }

@@ -139,7 +139,15 @@ struct Tracer {
     observing: bool,
     /// A data-parallel rank's peers, and where the trace stands with them.
     peers: Option<(Box<dyn Peers>, PeerPhase)>,
+    /// Keeps the device's queue ready for the launch after the trace
+    /// (`GraphBackend::keep_ready`), called every [`KEEP_READY_EVERY`] matched ops.
+    keep_ready: Box<dyn Fn()>,
 }
+
+/// Matched ops between two calls of a trace's `keep_ready`: a few tens of
+/// microseconds of host work, well inside the half millisecond after which an idle
+/// CubeCL server starts to sleep.
+const KEEP_READY_EVERY: usize = 32;
 
 /// The step matched against one graph's recording.
 struct Matcher {
@@ -205,8 +213,13 @@ impl Trace {
     /// is the one the step runs on, and leads); `None` if a trace is already running
     /// here or there is no candidate. An `observing` trace also records the ops it
     /// matches into the open capture sessions, as the eager step would record them.
-    pub(crate) fn begin(candidates: &[Candidate], observing: bool) -> Option<Self> {
-        Self::begin_with(candidates, observing, None)
+    /// `keep_ready` is called every few matched ops (`GraphBackend::keep_ready`).
+    pub(crate) fn begin(
+        candidates: &[Candidate],
+        observing: bool,
+        keep_ready: Box<dyn Fn()>,
+    ) -> Option<Self> {
+        Self::begin_with(candidates, observing, None, keep_ready)
     }
 
     /// [`begin`](Self::begin) for a data-parallel rank: the trace agrees with `peers`
@@ -215,14 +228,16 @@ impl Trace {
         candidates: &[Candidate],
         observing: bool,
         peers: Box<dyn Peers>,
+        keep_ready: Box<dyn Fn()>,
     ) -> Option<Self> {
-        Self::begin_with(candidates, observing, Some(peers))
+        Self::begin_with(candidates, observing, Some(peers), keep_ready)
     }
 
     fn begin_with(
         candidates: &[Candidate],
         observing: bool,
         peers: Option<Box<dyn Peers>>,
+        keep_ready: Box<dyn Fn()>,
     ) -> Option<Self> {
         if Untraced::active() || candidates.is_empty() {
             return None;
@@ -244,6 +259,7 @@ impl Trace {
                 diverged: None,
                 observing,
                 peers: peers.map(|peers| (peers, PeerPhase::BeforeCollective)),
+                keep_ready,
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -529,6 +545,9 @@ impl Tracer {
         lead.next = step + 1;
         lead.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
         self.matched += 1;
+        if self.matched.is_multiple_of(KEEP_READY_EVERY) {
+            (self.keep_ready)();
+        }
         Ok(step)
     }
 

@@ -44,6 +44,15 @@ pub fn submit_to_server(
     });
 }
 
+/// Has the server of `device` take up its queue now, as a blocking call would, without
+/// waiting for it. CubeCL's server thread polls its queue, and after about half a
+/// millisecond without work it sleeps between polls, 150 µs at a time: a blocking call
+/// (a replay's launch) that finds it asleep waits for the sleep to end. A host that
+/// runs long without queueing work (a trace) calls this now and then to keep it polling.
+pub fn keep_server_polling(device: &CudaGraphDevice) {
+    DeviceHandle::<CudaGraphServer>::new(device.to_id()).flush_queue();
+}
+
 /// Opens a capture window on `device`'s stream. Everything the window touches is
 /// retained from the launch that touches it.
 pub fn capture_begin(device: &CudaGraphDevice) -> Result<(), CaptureError> {

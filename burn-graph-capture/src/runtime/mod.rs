@@ -63,8 +63,8 @@ mod stream;
 pub mod window;
 
 pub use client::{
-    CudaGraphHandle, capture_begin, capture_begin_in_pool, capture_end, submit_to_server,
-    try_with_server, with_server,
+    CudaGraphHandle, capture_begin, capture_begin_in_pool, capture_end, keep_server_polling,
+    submit_to_server, try_with_server, with_server,
 };
 pub use compile::{CudaGraphCompiler, nvrtc_options};
 pub use device::{CUDA_GRAPH_DEVICE_TYPE_ID, CudaGraphDevice};

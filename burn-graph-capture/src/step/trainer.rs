@@ -661,9 +661,13 @@ where
         observing: bool,
     ) -> Result<Option<TracedEager<R::Item>>, Fallback> {
         let (candidates, static_inputs) = self.graphs.traces_of(key);
+        let device = self.device.clone();
+        let keep_ready = Box::new(move || G::keep_ready(&device));
         let trace = match &self.rank {
-            Some(rank) => Trace::begin_ranked(&candidates, observing, Box::new(rank.clone())),
-            None => Trace::begin(&candidates, observing),
+            Some(rank) => {
+                Trace::begin_ranked(&candidates, observing, Box::new(rank.clone()), keep_ready)
+            }
+            None => Trace::begin(&candidates, observing, keep_ready),
         };
         let Some(trace) = trace else {
             return Ok(None);
