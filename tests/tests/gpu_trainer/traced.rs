@@ -207,39 +207,11 @@ fn both_outcomes_of_a_host_coin_replay<G: Stack>() {
     );
 }
 
-mod cube {
-    #[test]
-    #[ignore = "needs an NVIDIA GPU"]
-    fn both_outcomes_of_a_host_coin_replay() {
-        crate::common::trace_from_env();
-        super::both_outcomes_of_a_host_coin_replay::<burn_graph_capture::CudaCube>();
-    }
-
-    #[test]
-    #[ignore = "needs an NVIDIA GPU"]
-    fn a_host_weight_changed_after_the_capture_is_traced() {
-        crate::common::trace_from_env();
-        super::a_host_weight_changed_after_the_capture_is_traced::<burn_graph_capture::CudaCube>();
-    }
-
-    #[test]
-    #[ignore = "needs an NVIDIA GPU"]
-    fn a_host_coin_is_traced() {
-        crate::common::trace_from_env();
-        super::a_host_coin_is_traced::<burn_graph_capture::CudaCube>();
-    }
-
-    #[test]
-    #[ignore = "needs an NVIDIA GPU"]
-    fn a_branch_between_constants_of_one_shape_is_traced() {
-        crate::common::trace_from_env();
-        super::a_branch_between_constants_of_one_shape_is_traced::<burn_graph_capture::CudaCube>();
-    }
-
-    #[test]
-    #[ignore = "needs an NVIDIA GPU"]
-    fn a_branch_between_views_of_one_tensor_is_traced() {
-        crate::common::trace_from_env();
-        super::a_branch_between_views_of_one_tensor_is_traced::<burn_graph_capture::CudaCube>();
-    }
-}
+// Only `CudaCube` traces its replays: the fusion stack's stay untraced.
+stack_tests!(@stack cube: burn_graph_capture::CudaCube;
+    both_outcomes_of_a_host_coin_replay,
+    a_host_weight_changed_after_the_capture_is_traced,
+    a_host_coin_is_traced,
+    a_branch_between_constants_of_one_shape_is_traced,
+    a_branch_between_views_of_one_tensor_is_traced
+);
