@@ -199,9 +199,7 @@ impl GraphBackend for CudaCube {
     }
 
     fn keep_ready(device: &CudaGraphDevice) {
-        if super::graph_backend::keeps_ready() {
-            crate::runtime::keep_server_polling(device)
-        }
+        crate::runtime::keep_server_polling(device)
     }
 
     fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {

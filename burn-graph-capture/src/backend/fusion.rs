@@ -131,9 +131,7 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
     /// Fusion's own server thread sleeps when idle as CubeCL's does, and the launch
     /// waits on both (a drain, then the graph's launch).
     fn keep_ready(device: &Self::Device) {
-        if super::graph_backend::keeps_ready() {
-            GlobalFusionClient::<B::FusionRuntime>::load(device).flush_queue();
-        }
+        GlobalFusionClient::<B::FusionRuntime>::load(device).flush_queue();
         B::keep_ready(device)
     }
 

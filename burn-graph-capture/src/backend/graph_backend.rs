@@ -16,17 +16,6 @@ use super::stand_in::StandIn;
 use super::trace::TraceRecording;
 use crate::rng::RandomDraws;
 
-/// `off` turns [`GraphBackend::keep_ready`] off where a backend implements it, to
-/// measure what it saves.
-const KEEP_READY_SWITCH: &str = "BURN_GRAPH_CAPTURE_KEEP_READY";
-
-/// Whether backends keep their queues ready during traces (`KEEP_READY_SWITCH`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn keeps_ready() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(KEEP_READY_SWITCH).map_or(true, |value| value != "off"))
-}
-
 /// Identity of a tensor's storage, stable while that storage lives.
 ///
 /// Views of one buffer share an identity. Once a buffer is freed its identity may be

@@ -140,8 +140,18 @@ struct Tracer {
     /// A data-parallel rank's peers, and where the trace stands with them.
     peers: Option<(Box<dyn Peers>, PeerPhase)>,
     /// Keeps the device's queue ready for the launch after the trace
-    /// (`GraphBackend::keep_ready`), called every [`KEEP_READY_EVERY`] matched ops.
-    keep_ready: Box<dyn Fn()>,
+    /// (`GraphBackend::keep_ready`), called every [`KEEP_READY_EVERY`] matched ops;
+    /// `None` where [`KEEP_READY_SWITCH`] is `off`.
+    keep_ready: Option<Box<dyn Fn()>>,
+}
+
+/// `off` stops traces from calling `GraphBackend::keep_ready`, to measure what it saves.
+const KEEP_READY_SWITCH: &str = "BURN_GRAPH_CAPTURE_KEEP_READY";
+
+/// Whether traces keep the device's queues ready (`KEEP_READY_SWITCH`).
+fn keeps_ready() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(KEEP_READY_SWITCH).map_or(true, |value| value != "off"))
 }
 
 /// Matched ops between two calls of a trace's `keep_ready`: a few tens of
@@ -259,7 +269,7 @@ impl Trace {
                 diverged: None,
                 observing,
                 peers: peers.map(|peers| (peers, PeerPhase::BeforeCollective)),
-                keep_ready,
+                keep_ready: keeps_ready().then_some(keep_ready),
             });
             Some(Self {
                 _thread_bound: std::marker::PhantomData,
@@ -545,8 +555,10 @@ impl Tracer {
         lead.next = step + 1;
         lead.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
         self.matched += 1;
-        if self.matched.is_multiple_of(KEEP_READY_EVERY) {
-            (self.keep_ready)();
+        if let Some(keep_ready) = &self.keep_ready
+            && self.matched.is_multiple_of(KEEP_READY_EVERY)
+        {
+            keep_ready();
         }
         Ok(step)
     }
