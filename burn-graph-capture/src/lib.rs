@@ -30,9 +30,9 @@ pub mod train;
 
 pub use backend::{
     Allocated, AllocationId, AnyTensor, BreakerKind, BufferId, CaptureBreaker, CaptureSession,
-    Captured, EmulatedGraphs, ExternalRead, GraphBackend, GraphCapture, GraphError, NoGraph,
-    OpRecord, OpSignature, Recording, RoutedMatmul, RuntimeFailure, StandIn, TensorSig,
-    TrainBackend, Untraced,
+    Captured, EmulatedGraphs, ExternalRead, GraphBackend, GraphCapture, GraphError, LaterStandIn,
+    NoGraph, OpRecord, OpSignature, Recording, RoutedMatmul, RunsAgain, RuntimeFailure, StandIn,
+    TensorSig, TrainBackend, Untraced,
 };
 #[cfg(feature = "cuda")]
 pub use backend::{CudaCube, CudaFused};

@@ -42,6 +42,10 @@ impl<B: GraphBackend> GraphBackend for GraphCapture<B> {
         B::replay(graph)
     }
 
+    fn traces_run_again() -> bool {
+        B::traces_run_again()
+    }
+
     fn hand_over(tensor: AnyTensor<Self>, caller: StreamId) -> AnyTensor<Self> {
         AnyTensor::from_inner(B::hand_over(tensor.into_inner(), caller))
     }

@@ -17,6 +17,7 @@ use burn::tensor::Distribution;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_backend::{DType, FloatDType, Shape, StreamId};
 
+use crate::backend::trace::TraceRecording;
 use crate::backend::{
     AnyTensor, BufferId, Captured, GraphBackend, GraphError, Holder, RoutedMatmul,
 };
@@ -43,7 +44,7 @@ fn resolve<B: FusionBackend>(tensor: &AnyTensor<Fusion<B>>) -> AnyTensor<B> {
 }
 
 /// Wraps B's tensor in a fusion tensor, as `Fusion::float_from_data` does.
-fn register<B: FusionBackend>(
+pub(super) fn register<B: FusionBackend>(
     client: &GlobalFusionClient<B::FusionRuntime>,
     tensor: AnyTensor<B>,
 ) -> FusionTensor<B::FusionRuntime> {
@@ -103,10 +104,29 @@ impl<B: GraphBackend + FusionBackend> GraphBackend for Fusion<B> {
             drain::<B>(device);
             out
         })
-        .map_graph(|graph| FusedGraph {
-            graph,
-            device: device.clone(),
+        .map_graph(|graph| {
+            // The window is closed: the stand-ins its traces hand out are made now
+            // (`backend::fused_stand_in`), queued after the step.
+            if let Some(recording) = B::trace_recording(&graph) {
+                recording.0.make_stand_ins();
+            }
+            FusedGraph {
+                graph,
+                device: device.clone(),
+            }
         })
+    }
+
+    fn trace_recording(graph: &Self::Graph) -> Option<TraceRecording> {
+        B::trace_recording(&graph.graph)
+    }
+
+    /// A stand-in filled by a custom op splits fusion's kernels where the eager step's
+    /// are whole, and the ops recomputed from the recording reach fusion with other
+    /// handle counts (so other in-place choices and drops): the step would round
+    /// otherwise than plain code.
+    fn traces_run_again() -> bool {
+        true
     }
 
     fn rehearse<R>(device: &Self::Device, step: impl FnOnce() -> R) -> R {

@@ -87,6 +87,16 @@ pub trait GraphBackend:
         None
     }
 
+    /// Whether a trace that stops matching runs the step again eagerly from its start
+    /// (with a clone of the step closure taken before the trace) instead of computing
+    /// the ops it matched and going on: where computing them apart from the ops around
+    /// them would change what the step computes (fusion groups ops into kernels by
+    /// what it is queued, so the refilled prefix would round otherwise than the eager
+    /// step does).
+    fn traces_run_again() -> bool {
+        false
+    }
+
     /// `tensor`, made inside a [`capture`](Self::capture)'s step, as a tensor of the
     /// caller's stream `caller` (the same buffer): what a captured step hands back.
     /// Fusion tracks the stream each tensor was made on, and a capture stream runs

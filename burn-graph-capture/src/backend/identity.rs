@@ -254,10 +254,6 @@ mod cuda {
         }
     }
 
-    /// No stand-ins yet: replays on the fusion stack run untraced (a fused tensor's
-    /// buffer is the fusion server's, and a kept handle would change what it fuses).
-    impl<R: FusionRuntime> crate::backend::StandIn for FusionTensor<R> {}
-
     /// Fusion numbers every tensor it creates from a process-wide counter; a fused op's
     /// result is always a new id, even where its kernel wrote in place.
     impl<R: FusionRuntime> Allocated for FusionTensor<R> {

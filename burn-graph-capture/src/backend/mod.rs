@@ -20,6 +20,8 @@ mod forward;
 #[cfg(feature = "cuda")]
 mod fused_matmul;
 #[cfg(feature = "cuda")]
+mod fused_stand_in;
+#[cfg(feature = "cuda")]
 mod fusion;
 #[cfg(feature = "cuda")]
 mod gemm_route;
@@ -55,6 +57,6 @@ pub use session::{
     BreakerKind, CaptureBreaker, CaptureSession, ExternalRead, OpRecord, OpSignature, Recording,
     TensorSig,
 };
-pub use stand_in::StandIn;
+pub use stand_in::{LaterStandIn, StandIn};
 pub use tensor_kind::TensorKind;
-pub use trace::Untraced;
+pub use trace::{RunsAgain, Untraced};

@@ -12,7 +12,11 @@
 //! the graph replays. At the first op that differs, the recorded ops before it run on
 //! the values as they are now, their stand-ins are filled with what they compute, and
 //! the step goes on eagerly from that op, so that it equals plain code and the closure
-//! is called once.
+//! is called once. Where stand-ins cannot be filled without changing the step (fusion
+//! would group the refilled ops otherwise than the eager step's: `GraphBackend::
+//! traces_run_again`), the trace instead unwinds out of the closure at the first
+//! difference, and the step runs again eagerly from its start, with a clone of the
+//! closure taken before the trace ([`RunAgain`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -117,6 +121,40 @@ impl Drop for Untraced {
     }
 }
 
+thread_local! {
+    /// Open [`RunsAgain`] guards on this thread.
+    static RUNS_AGAIN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Traces on this thread stop at the first difference and run the step again from its
+/// start, on any stack, while the guard lives, as the fusion stack's traces always do
+/// (`GraphBackend::traces_run_again`). For tests of that way on the CPU.
+#[must_use = "traces run a differing step again only while the guard lives"]
+pub struct RunsAgain {
+    _thread_bound: std::marker::PhantomData<*const ()>,
+}
+
+impl RunsAgain {
+    /// Whether traces on this thread run a differing step again.
+    pub fn active() -> bool {
+        RUNS_AGAIN.with(std::cell::Cell::get) != 0
+    }
+
+    /// Traces on this thread run a differing step again until the guard is dropped.
+    pub fn on() -> Self {
+        RUNS_AGAIN.with(|on| on.set(on.get() + 1));
+        Self {
+            _thread_bound: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for RunsAgain {
+    fn drop(&mut self) {
+        RUNS_AGAIN.with(|on| on.set(on.get() - 1));
+    }
+}
+
 /// Most graphs a trace matches a step against at once (`Trace::begin` takes the
 /// first ones).
 pub(crate) const MAX_CANDIDATES: usize = 8;
@@ -139,6 +177,9 @@ struct Tracer {
     observing: bool,
     /// A data-parallel rank's peers, and where the trace stands with them.
     peers: Option<(Box<dyn Peers>, PeerPhase)>,
+    /// Whether a difference stops the step (it runs again from its start) instead of
+    /// filling the stand-ins handed out so far.
+    runs_again: bool,
     /// Keeps the device's queue ready for the launch after the trace
     /// (`GraphBackend::keep_ready`), called every [`KEEP_READY_EVERY`] matched ops;
     /// `None` where [`KEEP_READY_SWITCH`] is `off`.
@@ -208,9 +249,22 @@ pub(crate) enum Traced {
     Matched(usize),
     /// The step differed; it went on eagerly from the first difference.
     Diverged(Difference),
+    /// The step differed, and stopped there: it runs again eagerly from its start.
+    RunAgain(Difference),
     /// Filling the stand-ins failed (a recording the emulation got wrong): the step's
     /// values cannot be trusted.
     Failed(String),
+}
+
+/// How a trace that stops matching goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnDifference {
+    /// The recorded ops before the difference compute, their stand-ins take what they
+    /// computed, and the step goes on eagerly: the closure is called once.
+    GoOn,
+    /// The step stops (the closure unwinds with [`RunAgain`]) and runs again eagerly
+    /// from its start.
+    RunAgain,
 }
 
 /// A trace on this thread until it is ended or dropped.
@@ -227,9 +281,10 @@ impl Trace {
     pub(crate) fn begin(
         candidates: &[Candidate],
         observing: bool,
+        on_difference: OnDifference,
         keep_ready: Box<dyn Fn()>,
     ) -> Option<Self> {
-        Self::begin_with(candidates, observing, None, keep_ready)
+        Self::begin_with(candidates, observing, on_difference, None, keep_ready)
     }
 
     /// [`begin`](Self::begin) for a data-parallel rank: the trace agrees with `peers`
@@ -237,15 +292,23 @@ impl Trace {
     pub(crate) fn begin_ranked(
         candidates: &[Candidate],
         observing: bool,
+        on_difference: OnDifference,
         peers: Box<dyn Peers>,
         keep_ready: Box<dyn Fn()>,
     ) -> Option<Self> {
-        Self::begin_with(candidates, observing, Some(peers), keep_ready)
+        Self::begin_with(
+            candidates,
+            observing,
+            on_difference,
+            Some(peers),
+            keep_ready,
+        )
     }
 
     fn begin_with(
         candidates: &[Candidate],
         observing: bool,
+        on_difference: OnDifference,
         peers: Option<Box<dyn Peers>>,
         keep_ready: Box<dyn Fn()>,
     ) -> Option<Self> {
@@ -269,6 +332,7 @@ impl Trace {
                 diverged: None,
                 observing,
                 peers: peers.map(|peers| (peers, PeerPhase::BeforeCollective)),
+                runs_again: on_difference == OnDifference::RunAgain,
                 keep_ready: keeps_ready().then_some(keep_ready),
             });
             Some(Self {
@@ -297,10 +361,11 @@ impl Trace {
                         Err(failed) => return Traced::Failed(failed.to_string()),
                         Ok(None) => return Traced::Matched(index),
                         Ok(Some(rank)) => {
-                            if let Err(failed) = tracer.diverge(Difference::Peer { rank }) {
-                                return Traced::Failed(failed);
-                            }
-                            return Traced::Diverged(Difference::Peer { rank });
+                            let change = Difference::Peer { rank };
+                            return match tracer.diverge(change.clone()) {
+                                Ok(()) => Traced::Diverged(change),
+                                Err(stop) => stop.traced(change),
+                            };
                         }
                     }
                 }
@@ -310,8 +375,8 @@ impl Trace {
                     graph: tracer.matchers[tracer.leader].recording.traced_count(),
                     step: tracer.matched,
                 };
-                if let Err(failed) = tracer.diverge(change) {
-                    return Traced::Failed(failed);
+                if let Err(stop) = tracer.diverge(change.clone()) {
+                    return stop.traced(change);
                 }
             }
             match tracer.diverged.clone() {
@@ -373,9 +438,9 @@ pub(crate) fn before_collective() -> Result<(), GroupFailed> {
             PeerPhase::Agreed
         };
         if let (Some(rank), true) = (differed, matching)
-            && let Err(failed) = tracer.diverge(Difference::Peer { rank })
+            && let Err(stop) = tracer.diverge(Difference::Peer { rank })
         {
-            unwind_unfilled(failed);
+            stop.unwind();
         }
         Ok(())
     })
@@ -387,9 +452,36 @@ pub(crate) fn before_collective() -> Result<(), GroupFailed> {
 #[derive(Debug)]
 pub(crate) struct Unfilled(pub(crate) String);
 
-fn unwind_unfilled(why: String) -> ! {
-    // `resume_unwind`: no panic hook, no message; the trainer catches it at once.
-    std::panic::resume_unwind(Box::new(Unfilled(why)))
+/// A trace whose step differed where differences stop the step
+/// ([`OnDifference::RunAgain`]): the step unwinds out of the closure with this payload,
+/// nothing it traced is kept, and it runs again eagerly from its start.
+#[derive(Debug)]
+pub(crate) struct RunAgain(pub(crate) Difference);
+
+/// Why a trace that stopped matching cannot go on in the closure.
+#[derive(Debug)]
+enum Stop {
+    Unfilled(String),
+    RunAgain(Difference),
+}
+
+impl Stop {
+    /// Leaves the step closure (`resume_unwind`: no panic hook, no message; the trainer
+    /// catches it at once).
+    fn unwind(self) -> ! {
+        match self {
+            Stop::Unfilled(why) => std::panic::resume_unwind(Box::new(Unfilled(why))),
+            Stop::RunAgain(change) => std::panic::resume_unwind(Box::new(RunAgain(change))),
+        }
+    }
+
+    /// How a trace that stopped at its end (`change`) came out.
+    fn traced(self, change: Difference) -> Traced {
+        match self {
+            Stop::Unfilled(why) => Traced::Failed(why),
+            Stop::RunAgain(_) => Traced::RunAgain(change),
+        }
+    }
 }
 
 /// One tensor an op reads: its key, and the tensor (kept if it is from outside).
@@ -451,8 +543,8 @@ pub(crate) fn matched<R>(
                 Some(take(&traced.stand_ins))
             }
             Err(change) => {
-                if let Err(failed) = tracer.diverge(change) {
-                    unwind_unfilled(failed);
+                if let Err(stop) = tracer.diverge(change) {
+                    stop.unwind();
                 }
                 None
             }
@@ -463,7 +555,7 @@ pub(crate) fn matched<R>(
 /// Output `index` of a matched op's stand-ins, as the op's output type.
 pub(crate) fn hand_out<T: Clone + 'static>(stand_ins: &[StandInValue], index: usize) -> T {
     stand_ins[index]
-        .value
+        .value()
         .downcast_ref::<T>()
         .cloned()
         .expect("a matched op's stand-ins are of its output types")
@@ -488,8 +580,8 @@ pub(crate) fn unmatched(record: &OpRecord, breaker: Option<BreakerKind>) {
                 step: record.op,
             },
         };
-        if let Err(failed) = tracer.diverge(change) {
-            unwind_unfilled(failed);
+        if let Err(stop) = tracer.diverge(change) {
+            stop.unwind();
         }
     });
 }
@@ -553,7 +645,7 @@ impl Tracer {
             }
         }
         lead.next = step + 1;
-        lead.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
+        lead.matched_own(&recording, step, handed.iter().map(StandInValue::key));
         self.matched += 1;
         if let Some(keep_ready) = &self.keep_ready
             && self.matched.is_multiple_of(KEEP_READY_EVERY)
@@ -564,16 +656,28 @@ impl Tracer {
     }
 
     /// Stops matching at the current op: the recorded ops that each leader matched
-    /// compute, and the stand-ins it handed out take what they computed.
-    fn diverge(&mut self, change: Difference) -> Result<(), String> {
+    /// compute, and the stand-ins it handed out take what they computed; or, where
+    /// differences stop the step, nothing computes and the step stops.
+    fn diverge(&mut self, change: Difference) -> Result<(), Stop> {
         tracing::debug!(?change, "a trace stopped matching its graphs");
         // Past the collective, the peers learn it before the recorded ops compute it
         // again (with them).
         if !matches!(change, Difference::Peer { .. }) {
             self.agree_after_collective(false)
-                .map_err(|failed| failed.to_string())?;
+                .map_err(|failed| Stop::Unfilled(failed.to_string()))?;
         }
-        self.diverged = Some(change);
+        self.diverged = Some(change.clone());
+        if self.runs_again {
+            // Before the collective, the peers learn it now: this rank's closure stops
+            // here and never reaches the meeting point.
+            if let Some((peers, phase @ PeerPhase::BeforeCollective)) = self.peers.as_mut() {
+                *phase = PeerPhase::Agreed;
+                peers
+                    .agree(false)
+                    .map_err(|failed| Stop::Unfilled(failed.to_string()))?;
+            }
+            return Err(Stop::RunAgain(change));
+        }
         let leader = (self.leader, self.matchers[self.leader].next);
         for (index, until) in std::mem::take(&mut self.former).into_iter().chain([leader]) {
             let matcher = &mut self.matchers[index];
@@ -581,7 +685,7 @@ impl Tracer {
             matcher
                 .recording
                 .fill_until(until, supplied.into_iter().collect())
-                .map_err(|missing| missing.to_string())?;
+                .map_err(|missing| Stop::Unfilled(missing.to_string()))?;
         }
         Ok(())
     }
@@ -679,7 +783,7 @@ impl Matcher {
     /// stand-ins) for its outputs.
     fn matched(&mut self, step: usize, handed: &[StandInValue]) {
         let recording = Arc::clone(&self.recording);
-        self.matched_own(&recording, step, handed.iter().map(|s| s.key.as_ref()));
+        self.matched_own(&recording, step, handed.iter().map(StandInValue::key));
         self.next = step + 1;
     }
 

@@ -186,6 +186,14 @@ pub(crate) fn settle<B: AutodiffBackend, M: AutodiffModule<B>>(model: M) -> M {
     model
 }
 
+/// Flushes what a step that stopped inside the closure (a trace that unwound) left aside
+/// in `model`'s running statistics (BatchNorm's new mean, computed from stand-ins), so
+/// that seating the model on its pins afterwards replaces it: unflushed, the next step's
+/// first read would take it.
+pub(crate) fn flush_unsettled<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) {
+    let _flushed = model.valid();
+}
+
 /// Re-seats every occurrence of a `ParamId` after the first on the first one's tensor
 /// (one autodiff leaf for all): what a module reached through two fields must hold.
 pub(crate) fn retie<B: AutodiffBackend, M: AutodiffModule<B>>(model: M) -> M {

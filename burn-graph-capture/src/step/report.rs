@@ -43,6 +43,12 @@ pub struct TrainerReport {
     /// before traces existed: read as 0.)
     #[serde(default)]
     pub traces_matched: u64,
+    /// Traced steps that differed from every graph of their shape on a stack whose
+    /// traces stop there (`GraphBackend::traces_run_again`: the fusion stack): each ran
+    /// again eagerly from its start, with a clone of the step closure taken before the
+    /// trace. (Absent from reports written before it existed: read as 0.)
+    #[serde(default)]
+    pub traces_run_again: u64,
     /// Host time spent tracing steps against their graphs, in milliseconds.
     #[serde(default)]
     pub trace_ms: f64,

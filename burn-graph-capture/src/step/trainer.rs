@@ -17,7 +17,7 @@ use super::fit;
 use super::graphed::{Captured, Fallback, FallbackScope, Graphs, constants_by_place, on_inputs};
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput, check_batch, host_key};
-use super::learner::{Learner, StepContext, with_own_state};
+use super::learner::{Learner, StepContext, flush_unsettled, with_own_state};
 use super::mode::{FallbackReason, StepChange, StepMode};
 use super::output::{StepOutput, detached};
 use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
@@ -26,7 +26,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{Trace, Traced, Unfilled, Untraced};
+use crate::backend::trace::{OnDifference, RunAgain, RunsAgain, Trace, Traced, Unfilled, Untraced};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -119,7 +119,7 @@ where
     M: AutodiffModule<TrainBackend<G>>,
     O: CapturableOptimizer<M, TrainBackend<G>>,
     I: StepInput<TrainBackend<G>>,
-    F: FnMut(&M, &I) -> R,
+    F: FnMut(&M, &I) -> R + Clone,
     R: StepOutput<TrainBackend<G>>,
 {
     /// A trainer for `model`, updated by `optimizer`, with `step_fn` computing the loss
@@ -663,15 +663,26 @@ where
         let (candidates, static_inputs) = self.graphs.traces_of(key);
         let device = self.device.clone();
         let keep_ready = Box::new(move || G::keep_ready(&device));
+        let on_difference = if G::traces_run_again() || RunsAgain::active() {
+            OnDifference::RunAgain
+        } else {
+            OnDifference::GoOn
+        };
         let trace = match &self.rank {
-            Some(rank) => {
-                Trace::begin_ranked(&candidates, observing, Box::new(rank.clone()), keep_ready)
-            }
-            None => Trace::begin(&candidates, observing, keep_ready),
+            Some(rank) => Trace::begin_ranked(
+                &candidates,
+                observing,
+                on_difference,
+                Box::new(rank.clone()),
+                keep_ready,
+            ),
+            None => Trace::begin(&candidates, observing, on_difference, keep_ready),
         };
         let Some(trace) = trace else {
             return Ok(None);
         };
+        // The closure as it is before the trace, for a step that runs again.
+        let before = (on_difference == OnDifference::RunAgain).then(|| self.step_fn.clone());
         let started = Instant::now();
         let static_batch = on_inputs(batch, &static_inputs);
         let by_place = constants_by_place::<G>(self.rank.is_some());
@@ -706,7 +717,13 @@ where
                     drop(trace);
                     (None, Traced::Failed(unfilled.0))
                 }
-                Err(payload) => resume_unwind(payload),
+                Err(payload) => match payload.downcast::<RunAgain>() {
+                    Ok(again) => {
+                        drop(trace);
+                        (None, Traced::RunAgain(again.0))
+                    }
+                    Err(payload) => resume_unwind(payload),
+                },
             },
         };
         self.report.trace_ms += started.elapsed().as_secs_f64() * 1e3;
@@ -742,9 +759,43 @@ where
                     observed,
                 }))
             }
+            Traced::RunAgain(difference) => {
+                // Nothing the trace ran is kept: the pins hold the values before the
+                // step, and the closure is as it was before it.
+                flush_unsettled(cx.learner.model());
+                graphs.reseat(cx.learner);
+                drop(item);
+                if let Some(before) = before {
+                    self.step_fn = before;
+                }
+                if !observing {
+                    self.graphs.branch(key);
+                }
+                self.report.traces_run_again += 1;
+                let change = StepChange::from(difference);
+                tracing::info!(%change, "a step differed from its graphs; it runs again eagerly");
+                let (item, observed) = if observing {
+                    let keeping = Some(key).filter(|_| by_place);
+                    let (item, observed) = self
+                        .observed_step(batch, inputs, false, keeping)
+                        .map_err(Fallback::Refused)?;
+                    (item, Some(observed))
+                } else {
+                    (
+                        self.eager_step(batch, None).map_err(Fallback::Refused)?.0,
+                        None,
+                    )
+                };
+                Ok(Some(TracedEager {
+                    item,
+                    mode: StepMode::Eager(FallbackReason::GraphStale { change }),
+                    observed,
+                }))
+            }
             Traced::Failed(why) => {
                 // Nothing the trace ran is kept: the pins hold the values before the step.
                 tracing::error!(%why, "a trace could not continue eagerly; the step runs again");
+                flush_unsettled(cx.learner.model());
                 graphs.reseat(cx.learner);
                 graphs.stale(key);
                 Err(Fallback::step(FallbackReason::Graph(

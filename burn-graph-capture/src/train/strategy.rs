@@ -309,7 +309,7 @@ where
     LC: LearningComponentsTypes<Backend = TrainBackend<G>, Optimizer = SharedOptimizer<O>>,
     Input<LC>: StepInput<TrainBackend<G>>,
     Output<LC>: StepInput<TrainBackend<G>>,
-    F: FnMut(&Model<LC>, &Input<LC>) -> TrainOutput<Output<LC>>,
+    F: FnMut(&Model<LC>, &Input<LC>) -> TrainOutput<Output<LC>> + Clone,
 {
     fn step(
         &mut self,

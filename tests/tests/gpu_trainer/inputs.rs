@@ -94,7 +94,7 @@ where
     G: Stack,
     M: AutodiffModule<B<G>>,
     I: StepInput<B<G>>,
-    F: FnMut(&M, &I) -> Tensor<B<G>, 1>,
+    F: FnMut(&M, &I) -> Tensor<B<G>, 1> + Clone,
 {
     let mut trainer = GraphTrainer::new(model, adam::<G>(), loss, GraphTrainerConfig::new());
     let mut run = Run::default();

@@ -1,15 +1,13 @@
-//! Every replay on the plain stack (`CudaCube`) is traced: the step closure runs at
-//! every step, each op matched against the graph's recording, and the graph launches
+//! Every replay on both stacks (`CudaCube`, `CudaFused`) is traced: the step closure runs
+//! at every step, each op matched against the graph's recording, and the graph launches
 //! only if the whole step matched; a step that differs goes on eagerly from the first
-//! difference. So a world of the closure that changes after the capture trains as
-//! plain eager code (within the tolerance of every graphed run), with every replay
-//! traced: a host loss weight changed
-//! at one step (with the default `verify_every`), a host coin picking between two loss
-//! terms, a host branch between two constants of one shape, and one between two views of
-//! one tensor with one shape. The same worlds
-//! untraced (`Untraced` at the capture: the graph has no trace recording) diverge from
-//! plain code: the trace is what catches them. The fusion stack has no stand-ins yet,
-//! so its replays stay untraced and it is not instantiated here.
+//! difference. So a world of the closure that changes after the capture trains as plain
+//! eager code (within the tolerance of every graphed run), with every replay traced: a
+//! host loss weight changed at one step (with the default `verify_every`), a host coin
+//! picking between two loss terms, a host branch between two constants of one shape, and
+//! one between two views of one tensor with one shape. The same worlds untraced
+//! (`Untraced` at the capture: the graph has no trace recording) diverge from plain
+//! code: the trace is what catches them.
 
 use burn::prelude::*;
 use burn_graph_capture::{FallbackReason, GraphTrainerConfig, StepChange, StepMode, Untraced};
@@ -207,11 +205,10 @@ fn both_outcomes_of_a_host_coin_replay<G: Stack>() {
     );
 }
 
-// Only `CudaCube` traces its replays: the fusion stack's stay untraced.
-stack_tests!(@stack cube: burn_graph_capture::CudaCube;
+stack_tests!(
     both_outcomes_of_a_host_coin_replay,
     a_host_weight_changed_after_the_capture_is_traced,
     a_host_coin_is_traced,
     a_branch_between_constants_of_one_shape_is_traced,
-    a_branch_between_views_of_one_tensor_is_traced
+    a_branch_between_views_of_one_tensor_is_traced,
 );

@@ -32,13 +32,13 @@ use burn::tensor::{Distribution, ElementConversion};
 use burn_graph_capture::nn::LstmKernels;
 use burn_graph_capture::optim::{CapturableAdam, CapturableAdamConfig};
 use burn_graph_capture::{
-    EmulatedGraphs, FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, StepChange,
-    StepInput, StepMode, TrainBackend, Untraced,
+    EmulatedGraphs, FallbackReason, GraphBackend, GraphTrainer, GraphTrainerConfig, RunsAgain,
+    StepChange, StepInput, StepMode, TrainBackend, Untraced,
 };
 use lstm_example::model::{Forecaster, FusedLstmRegressor};
 use lstm_example::train::{load_bytes, parameter_bits, to_bytes};
 use lstm_example::{CharLm, CharLmConfig, LstmRegressor, LstmRegressorConfig, TokenBatch};
-use rand::rngs::StdRng;
+use rand::rngs::{SmallRng, StdRng};
 use rand::{RngExt, SeedableRng};
 
 use crate::common::models::{BnMlp, GruRegressor, Regression, TransposedViews};
@@ -48,6 +48,8 @@ type T<G> = TrainBackend<G>;
 thread_local! {
     /// Replayed steps on this thread, counted as their modes are checked.
     static REPLAYS: Cell<usize> = const { Cell::new(0) };
+    /// Traced steps that stopped and ran again from their start, over the programs run.
+    static RAN_AGAIN: Cell<u64> = const { Cell::new(0) };
 }
 type Bits = Vec<Vec<u32>>;
 
@@ -300,14 +302,30 @@ struct World<G: GraphBackend, M> {
     lazy: RefCell<Option<Tensor<T<G>, 1>>>,
     anchor: M,
     weight: Cell<f32>,
-    coin: RefCell<StdRng>,
-    calls: Cell<u32>,
     branches: [Tensor<T<G>, 1>; 2],
     second_branch: Cell<bool>,
 }
 
+/// What the step closure changes itself (its coin, its call count): moved into it, as a
+/// closure's own state, so that a clone of the closure holds it as it was (a step whose
+/// trace stops runs again from such a clone: `RunsAgain`).
+#[derive(Clone)]
+struct Own {
+    coin: SmallRng,
+    calls: u32,
+}
+
+impl Own {
+    fn new(seed: u64) -> Self {
+        Self {
+            coin: SmallRng::seed_from_u64(seed ^ 0xc017),
+            calls: 0,
+        }
+    }
+}
+
 impl<G: GraphBackend, M> World<G, M> {
-    fn new(anchor: M, seed: u64) -> Self {
+    fn new(anchor: M) -> Self {
         let device = Default::default();
         Self {
             constant: RefCell::new(Tensor::from_floats([0.5], &device)),
@@ -315,8 +333,6 @@ impl<G: GraphBackend, M> World<G, M> {
             lazy: RefCell::new(None),
             anchor,
             weight: Cell::new(1.0),
-            coin: RefCell::new(StdRng::seed_from_u64(seed ^ 0xc017)),
-            calls: Cell::new(0),
             branches: [
                 Tensor::from_floats([1.0], &device),
                 Tensor::from_floats([1.25], &device),
@@ -523,6 +539,7 @@ fn step_loss<G: GraphBackend, S: Subject<G>>(
     subject: S,
     flags: Flags,
     world: &World<G, S::Model>,
+    own: &mut Own,
     model: &S::Model,
     batch: &S::Batch,
 ) -> Tensor<T<G>, 1> {
@@ -546,14 +563,13 @@ fn step_loss<G: GraphBackend, S: Subject<G>>(
         loss = loss * world.weight.get();
     }
     if let Some(heads) = flags.coin
-        && world.coin.borrow_mut().random_range(0..100) >= heads
+        && own.coin.random_range(0..100) >= heads
     {
         loss = loss * 0.5;
     }
     if flags.counter {
-        let calls = world.calls.get() + 1;
-        world.calls.set(calls);
-        if (calls / 4) % 2 == 1 {
+        own.calls += 1;
+        if (own.calls / 4) % 2 == 1 {
             loss = loss * 1.5;
         }
     }
@@ -600,10 +616,10 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
             .init::<T<G>>(&device)
     };
     let model = start::<G, S>(subject, program.seed);
-    let world = Rc::new(World::<G, S::Model>::new(model.clone(), program.seed));
+    let world = Rc::new(World::<G, S::Model>::new(model.clone()));
     let closure = {
-        let world = Rc::clone(&world);
-        move |m: &S::Model, b: &S::Batch| step_loss::<G, S>(subject, flags, &world, m, b)
+        let (world, mut own) = (Rc::clone(&world), Own::new(program.seed));
+        move |m: &S::Model, b: &S::Batch| step_loss::<G, S>(subject, flags, &world, &mut own, m, b)
     };
     // The structure reloads load into: no random draws after `start`.
     let template = model.clone();
@@ -704,6 +720,7 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
     // Where replays are traced, no replay runs unless the step closure ran for that step
     // and matched its graph.
     let report = trainer.report();
+    RAN_AGAIN.with(|ran| ran.set(ran.get() + report.traces_run_again));
     if replays_traced::<G>() && report.traces_matched != report.modes.replayed {
         return Err(format!(
             "{} replays, {} traces matched",
@@ -714,16 +731,19 @@ fn graphed<G: GraphBackend, S: Subject<G>>(
     Ok(trace)
 }
 
-/// Whether `G`'s replays on this thread are traced: emulated graphs, and the plain CUDA
-/// stack (the fusion stack's graphs have no trace recording yet).
+/// Whether `G`'s replays on this thread are traced: emulated graphs, and both CUDA
+/// stacks.
 #[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn replays_traced<G: 'static>() -> bool {
     #[cfg(feature = "cuda")]
-    let cube =
-        std::any::TypeId::of::<G>() == std::any::TypeId::of::<burn_graph_capture::CudaCube>();
+    let device = [
+        std::any::TypeId::of::<burn_graph_capture::CudaCube>(),
+        std::any::TypeId::of::<burn_graph_capture::CudaFused>(),
+    ]
+    .contains(&std::any::TypeId::of::<G>());
     #[cfg(not(feature = "cuda"))]
-    let cube = false;
-    (EmulatedGraphs::active() || cube) && !Untraced::active()
+    let device = false;
+    (EmulatedGraphs::active() || device) && !Untraced::active()
 }
 
 /// The program's initial model, from its seed; then the RNG is seeded again, so both
@@ -805,12 +825,15 @@ fn check_reason(
 }
 
 /// The same program as a plain eager loop with the same optimizer. A second trainer
-/// becomes a second eager model (it draws from the same RNG), with module state of its
-/// own as the trainer gives it.
+/// becomes a second eager model (its closure's own state a copy of the first's as it
+/// started, as the second trainer's closure is a clone), with module state of its own as
+/// the trainer gives it.
 fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace {
     let device = Default::default();
     let model = start::<G, S>(subject, program.seed);
-    let world = World::<G, S::Model>::new(model.clone(), program.seed);
+    let world = World::<G, S::Model>::new(model.clone());
+    let mut own = Own::new(program.seed);
+    let mut second_own = own.clone();
     // The structure reloads load into, as in the graphed run.
     let template = model.clone();
     let adam = || {
@@ -831,16 +854,17 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
     // fused stack, work left queued would fuse with the first step and change its
     // kernels (bench/results/inputs-2026-12-01.md).
     G::sync(&device).expect("device sync");
-    let step = |model: S::Model, optimizer: &mut CapturableAdam<T<G>>, batch: &S::Batch| {
-        let loss = step_loss::<G, S>(subject, program.flags, &world, &model, batch);
-        let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
-        let model = optimizer.step(model, grads);
-        // Burn keeps a step's running statistics (BatchNorm) aside until they are read;
-        // `valid()` flushes them, as the trainer does after every step.
-        let _ = model.valid();
-        let loss: f32 = loss.into_scalar().elem();
-        (model, loss)
-    };
+    let step =
+        |model: S::Model, optimizer: &mut CapturableAdam<T<G>>, own: &mut Own, batch: &S::Batch| {
+            let loss = step_loss::<G, S>(subject, program.flags, &world, own, &model, batch);
+            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+            let model = optimizer.step(model, grads);
+            // Burn keeps a step's running statistics (BatchNorm) aside until they are read;
+            // `valid()` flushes them, as the trainer does after every step.
+            let _ = model.valid();
+            let loss: f32 = loss.into_scalar().elem();
+            (model, loss)
+        };
     let mut trace = Trace::default();
     for (index, event) in program.events.iter().enumerate() {
         if program.flags.refresh && matches!(event, Event::Step { .. }) {
@@ -848,7 +872,8 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
         }
         match *event {
             Event::Step { batch, time } => {
-                let (next, loss) = step(model, &mut optimizer, &subject.batch(index, batch, time));
+                let batch = subject.batch(index, batch, time);
+                let (next, loss) = step(model, &mut optimizer, &mut own, &batch);
                 model = next;
                 trace.losses.push(loss.to_bits());
                 let detail = format!("loss {loss}");
@@ -874,7 +899,8 @@ fn eager<G: GraphBackend, S: Subject<G>>(subject: S, program: &Program) -> Trace
             Event::Snapshot => trace.snapshots.push(parameter_bits(&model)),
             Event::SecondStep => {
                 if let Some((other, mut other_optimizer)) = second.take() {
-                    let (next, _) = step(other, &mut other_optimizer, &subject.batch(index, 4, 4));
+                    let batch = subject.batch(index, 4, 4);
+                    let (next, _) = step(other, &mut other_optimizer, &mut second_own, &batch);
                     second = Some((next, other_optimizer));
                 }
             }
@@ -1067,6 +1093,35 @@ fn generated_programs_train_as_eager_training_on_emulated_graphs() {
     assert!(replays >= ran / 3, "{replays} replays in {ran} programs");
 }
 
+/// The same programs on emulated graphs whose traces stop at the first difference and run
+/// the step again from its start, with a clone of the step closure taken before the
+/// trace (`RunsAgain`: the fusion stack's way, whose stand-ins cannot be filled).
+#[test]
+fn programs_whose_differing_steps_run_again_train_as_eager_training() {
+    let _rng = crate::common::rng::exclusive();
+    let _graphs = EmulatedGraphs::on();
+    let _again = RunsAgain::on();
+    let count: u64 = std::env::var("FUZZ_RUN_AGAIN_PROGRAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let first: u64 = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    RAN_AGAIN.with(|ran| ran.set(0));
+    let ran = check_with::<Flex>(first..first + count, untransposed);
+    let again = RAN_AGAIN.with(Cell::get);
+    println!(
+        "{ran} programs whose differing steps run again matched eager training, {again} steps ran again"
+    );
+    assert_eq!(ran as u64, count);
+    assert!(
+        again as usize >= ran / 10,
+        "{again} steps ran again in {ran} programs"
+    );
+}
+
 /// The trace has teeth: with replays untraced, programs whose step closure's host world
 /// changes (a weight schedule, a coin, a counter, a branch among constants, a constant
 /// refreshed every step) train otherwise than plain code.
@@ -1206,36 +1261,12 @@ mod gpu {
         first..first + count
     }
 
-    /// The programs as generated, the step closure's changing host world included: every
-    /// replay on the plain stack is traced.
-    fn as_generated(program: super::Program) -> super::Program {
-        program
-    }
-
-    /// The programs without the step closure's changing host world (`Flags::host_changes`):
-    /// replays on the fusion stack are not traced yet (its graphs have no trace
-    /// recording), so such a world would replay stale there.
-    fn without_host_changes(mut program: super::Program) -> super::Program {
-        let flags = &mut program.flags;
-        (
-            flags.weight,
-            flags.coin,
-            flags.counter,
-            flags.branch,
-            flags.refresh,
-        ) = (false, None, false, false, false);
-        program.events.retain(|event| {
-            !matches!(event, super::Event::SetWeight(_) | super::Event::FlipBranch)
-        });
-        program
-    }
-
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn fused_programs_train_as_eager_training() {
         let _rng = crate::common::rng::exclusive();
         let seeds = super::REGRESSION_SEEDS.iter().copied().chain(programs());
-        let ran = super::check_with::<burn_graph_capture::CudaFused>(seeds, without_host_changes);
+        let ran = super::check::<burn_graph_capture::CudaFused>(seeds);
         println!("{ran} programs matched eager training on CudaFused");
     }
 
@@ -1244,7 +1275,7 @@ mod gpu {
     fn cube_programs_train_as_eager_training() {
         let _rng = crate::common::rng::exclusive();
         let seeds = super::REGRESSION_SEEDS.iter().copied().chain(programs());
-        let ran = super::check_with::<burn_graph_capture::CudaCube>(seeds, as_generated);
+        let ran = super::check::<burn_graph_capture::CudaCube>(seeds);
         println!("{ran} programs matched eager training on CudaCube");
     }
 }

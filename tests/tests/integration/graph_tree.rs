@@ -17,7 +17,7 @@ use burn_graph_capture::{
     EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig, StepMode,
 };
 use lstm_example::train::parameter_bits;
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::common::models::{D_IN, Regression, materialized};
@@ -69,7 +69,7 @@ impl<B: Backend> Branchy<B> {
 type Model = Branchy<B>;
 
 /// Draws a step's path on the host.
-type Draw = Box<dyn FnMut(&mut StdRng) -> Path>;
+type Draw = fn(&mut SmallRng) -> Path;
 
 /// One run: each step's loss, path and mode, and the final parameters.
 struct Run {
@@ -87,7 +87,7 @@ fn run(draw: fn() -> Draw, steps: usize, trainer: bool) -> Run {
     B::seed(&device, 42);
     let model = Model::new(&device);
     let paths = Rc::new(RefCell::new(Vec::new()));
-    let (seen, mut draw, mut coin) = (Rc::clone(&paths), draw(), StdRng::seed_from_u64(11));
+    let (seen, draw, mut coin) = (Rc::clone(&paths), draw(), SmallRng::seed_from_u64(11));
     let step = move |m: &Model, b: &Regression<B>| {
         let path = draw(&mut coin);
         seen.borrow_mut().push(path);
@@ -191,10 +191,10 @@ const HEAD: Path = Path {
 fn both_outcomes_of_a_host_coin_replay() {
     let _rng = crate::common::rng::exclusive();
     let coin = || -> Draw {
-        Box::new(|rng: &mut StdRng| Path {
+        |rng: &mut SmallRng| Path {
             head: usize::from(rng.random_range(0.0..1.0f32) >= 0.7),
             ..HEAD
-        })
+        }
     };
     check(coin, 160, 60, &[HEAD, Path { head: 1, ..HEAD }]);
 }
@@ -203,11 +203,11 @@ fn both_outcomes_of_a_host_coin_replay() {
 fn the_four_choices_of_layer_drop_replay() {
     let _rng = crate::common::rng::exclusive();
     let layer_drop = || -> Draw {
-        Box::new(|rng: &mut StdRng| Path {
+        |rng: &mut SmallRng| Path {
             first: rng.random_range(0.0..1.0f32) >= 0.5,
             second: rng.random_range(0.0..1.0f32) >= 0.5,
             head: 0,
-        })
+        }
     };
     let choices: Vec<Path> = [(false, false), (false, true), (true, false), (true, true)]
         .map(|(first, second)| Path {

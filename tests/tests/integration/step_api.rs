@@ -26,7 +26,7 @@ fn losses<F>(
     steps: usize,
 ) -> Vec<f32>
 where
-    F: FnMut(&Model, &Batch<B>) -> Tensor<B, 1>,
+    F: FnMut(&Model, &Batch<B>) -> Tensor<B, 1> + Clone,
 {
     let mut task = SineTask::new(seed, 32);
     (0..steps)

@@ -186,7 +186,7 @@ fn two_paths_taken_in_turn_each_warm_up() {
 }
 
 /// Runs warmup steps with `step_fn` and returns the fallback of the first step.
-fn first_reason(step_fn: impl FnMut(&Model, &Batch<B>) -> Tensor<B, 1>) -> FallbackReason {
+fn first_reason(step_fn: impl FnMut(&Model, &Batch<B>) -> Tensor<B, 1> + Clone) -> FallbackReason {
     let bytes = model_bytes();
     let device = Default::default();
     let mut trainer = GraphTrainer::new(model(&bytes), adam(), step_fn, GraphTrainerConfig::new());

@@ -5,7 +5,9 @@
 //! of one shape (which head, which view of one tensor), a host coin, state inside an
 //! `FnMut` closure, a constant replaced while two graphs read it. Each case also runs
 //! with replays untraced (`Untraced`), which must diverge from plain code: the trace is
-//! what catches it.
+//! what catches it. And each runs with traces that stop at the first difference and run
+//! the step again from its start, with a clone of the closure taken before the trace
+//! (`RunsAgain`, as the fusion stack's traces do), which must train as plain code too.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -17,11 +19,11 @@ use burn::prelude::*;
 use burn::tensor::ElementConversion;
 use burn_graph_capture::optim::CapturableAdam;
 use burn_graph_capture::{
-    EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig, StepChange, StepMode,
-    Untraced,
+    EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig, RunsAgain, StepChange,
+    StepMode, Untraced,
 };
 use lstm_example::train::parameter_bits;
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::common::models::{D_IN, Regression, materialized};
@@ -62,6 +64,8 @@ struct Run {
     modes: Vec<StepMode>,
     replayed: u64,
     traced: u64,
+    /// Steps whose trace stopped and ran again from the start.
+    ran_again: u64,
 }
 
 const STEPS: usize = 40;
@@ -75,7 +79,7 @@ fn batch(step: usize, sizes: &[usize]) -> Regression<B> {
 /// batch sizes, in turn.
 fn run<F>(make: impl Fn() -> (Box<dyn Fn(usize)>, F), sizes: &[usize], trainer: bool) -> Run
 where
-    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + 'static,
+    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + Clone + 'static,
 {
     let device = Default::default();
     // Both runs start from one model (the calling test holds the generators).
@@ -88,6 +92,7 @@ where
         modes: Vec::new(),
         replayed: 0,
         traced: 0,
+        ran_again: 0,
     };
     if !trainer {
         let (mut model, mut optimizer): (Model, CapturableAdam<B>) = (model, adam());
@@ -113,6 +118,7 @@ where
     run.params = parameter_bits(&trainer.model().unwrap().valid());
     let report = trainer.report();
     (run.replayed, run.traced) = (report.modes.replayed, report.traces_matched);
+    run.ran_again = report.traces_run_again;
     run
 }
 
@@ -129,7 +135,7 @@ enum Shows {
 /// says. Untraced: unequal to plain code. Returns the traced run.
 fn check<F>(make: impl Fn() -> (Box<dyn Fn(usize)>, F), sizes: &[usize], shows: Shows) -> Run
 where
-    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + 'static,
+    F: FnMut(&Model, &Regression<B>) -> Tensor<B, 1> + Clone + 'static,
 {
     let plain = run(&make, sizes, false);
     let traced = run(&make, sizes, true);
@@ -151,6 +157,40 @@ where
         Shows::Difference(change) => assert!(differed(change), "{:?}", traced.modes),
         Shows::NoDifference => assert!(!differed(|_| true), "{:?}", traced.modes),
     }
+    let again = {
+        let _again = RunsAgain::on();
+        run(&make, sizes, true)
+    };
+    assert_eq!(
+        again.losses, plain.losses,
+        "run again, losses: {:?}",
+        again.modes
+    );
+    assert_eq!(again.params, plain.params, "run again, parameters");
+    assert_eq!(
+        again.traced, again.replayed,
+        "run again: every replay was traced"
+    );
+    assert_eq!(
+        traced.ran_again, 0,
+        "traces go on where stand-ins are filled"
+    );
+    if let Shows::Difference(_) = shows {
+        assert!(again.ran_again > 0, "no step ran again: {:?}", again.modes);
+    }
+    assert_eq!(
+        again
+            .modes
+            .iter()
+            .filter(|mode| **mode == StepMode::Replayed)
+            .count(),
+        traced
+            .modes
+            .iter()
+            .filter(|mode| **mode == StepMode::Replayed)
+            .count(),
+        "run again: the same steps replay as where the trace goes on"
+    );
     let _untraced = Untraced::on();
     let untraced = run(&make, sizes, true);
     assert_ne!(
@@ -247,7 +287,7 @@ fn a_host_coin_picking_a_branch_is_traced() {
     let _rng = crate::common::rng::exclusive();
     check(
         || {
-            let coin = RefCell::new(StdRng::seed_from_u64(7));
+            let coin = RefCell::new(SmallRng::seed_from_u64(7));
             let before: Box<dyn Fn(usize)> = Box::new(|_| {});
             (before, move |m: &Model, b: &Regression<B>| {
                 let forced = coin.borrow_mut().random_range(0.0..1.0f32) < 0.9;

@@ -29,7 +29,7 @@ fn modes<I, F>(
 ) -> Vec<StepMode>
 where
     I: StepInput<B>,
-    F: FnMut(&CharLm<B>, &I) -> Tensor<B, 1>,
+    F: FnMut(&CharLm<B>, &I) -> Tensor<B, 1> + Clone,
 {
     batches
         .into_iter()
@@ -53,7 +53,7 @@ fn verdict(modes: &[StepMode]) -> FallbackReason {
 }
 
 /// Asserts that token-batch steps with `loss` pass warmup: only the CPU keeps them eager.
-fn assert_passes_the_guard(loss: impl FnMut(&CharLm<B>, &TokenBatch<B>) -> Tensor<B, 1>) {
+fn assert_passes_the_guard(loss: impl FnMut(&CharLm<B>, &TokenBatch<B>) -> Tensor<B, 1> + Clone) {
     let mut trainer = GraphTrainer::new(model(), adam(), loss, GraphTrainerConfig::new());
     let modes = modes(&mut trainer, token_batches(4));
     assert_eq!(

@@ -17,13 +17,13 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use burn_backend::TensorMetadata;
 
 use crate::backend::identity::{Allocated, AllocationId};
 use crate::backend::session::OpRecord;
-use crate::backend::stand_in::StandIn;
+use crate::backend::stand_in::{LaterStandIn, StandIn};
 
 /// A value of the step, type-erased: the inner backend's primitives.
 pub(crate) type Value = Arc<dyn Any + Send + Sync>;
@@ -137,11 +137,17 @@ impl<T: Clone + Send + Sync + 'static> AsValue for T {
     }
 }
 
-/// A stand-in for one output, and how to fill it with a value of its type.
+/// A stand-in, and its own key.
+type Made = (Value, Option<Key>);
+
+/// A stand-in for one output, and how to fill it with a value of its type. Made while
+/// the capture records, or, where the backend makes them later
+/// (`StandIn::stand_in_later`), once the capture's window has closed
+/// ([`Inner::make_stand_ins`]; at its first use otherwise).
 pub(crate) struct StandInValue {
-    pub(crate) value: Value,
-    /// The stand-in's own key, by which a trace knows it when an op reads it.
-    pub(crate) key: Option<Key>,
+    /// The stand-in, and its own key, by which a trace knows it when an op reads it.
+    made: OnceLock<Made>,
+    make: Option<LaterStandIn<Made>>,
     fill: fn(&Value, &Value) -> bool,
 }
 
@@ -157,12 +163,49 @@ impl StandInValue {
                 _ => false,
             }
         }
-        let stand_in = output.stand_in()?;
+        fn made<T: TensorMetadata + Allocated + Send + Sync + 'static>(stand_in: T) -> Made {
+            let key = key_of(&stand_in);
+            (Arc::new(stand_in), key)
+        }
+        let fill = fill::<T>;
+        if let Some(stand_in) = output.stand_in() {
+            return Some(Self {
+                made: OnceLock::from(made(stand_in)),
+                make: None,
+                fill,
+            });
+        }
+        let later = output.stand_in_later()?;
         Some(Self {
-            key: key_of(&stand_in),
-            value: Arc::new(stand_in),
-            fill: fill::<T>,
+            made: OnceLock::new(),
+            make: Some(Box::new(move || made(later()))),
+            fill,
         })
+    }
+
+    fn made(&self) -> &Made {
+        self.made.get_or_init(|| {
+            let make = self
+                .make
+                .as_ref()
+                .expect("a stand-in not made has its maker");
+            make()
+        })
+    }
+
+    /// The stand-in.
+    pub(crate) fn value(&self) -> &Value {
+        &self.made().0
+    }
+
+    /// The stand-in's own key.
+    pub(crate) fn key(&self) -> Option<&Key> {
+        self.made().1.as_ref()
+    }
+
+    /// Writes `value` into the stand-in; false where it cannot.
+    fn fill(&self, value: &Value) -> bool {
+        (self.fill)(self.value(), value)
     }
 }
 
@@ -485,6 +528,16 @@ impl Inner {
         self.steps.get(step).map(|step| step.traced.as_ref())
     }
 
+    /// Makes every stand-in not made yet (`StandIn::stand_in_later`): called once the
+    /// capture's window has closed, so that traces hand out stand-ins made outside it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn make_stand_ins(&self) {
+        let traced = self.steps.iter().filter_map(|step| step.traced.as_ref());
+        for stand_in in traced.flat_map(|traced| &traced.stand_ins) {
+            stand_in.made();
+        }
+    }
+
     /// The number of traced steps.
     pub(crate) fn traced_count(&self) -> usize {
         self.steps
@@ -513,7 +566,7 @@ impl Inner {
                 let filled = slot
                     .as_ref()
                     .and_then(|slot| env.values.get(slot))
-                    .is_some_and(|value| (stand_in.fill)(&stand_in.value, value));
+                    .is_some_and(|value| stand_in.fill(value));
                 if !filled {
                     unfilled.get_or_insert(traced.record.op);
                 }
