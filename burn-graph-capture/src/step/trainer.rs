@@ -62,17 +62,22 @@ pub struct StepOutcome<T> {
 /// # The step closure
 /// It returns a [`StepOutput`]: a scalar loss, which the trainer differentiates, or
 /// (feature `train`) burn-train's `TrainOutput`, whose gradients the user's `TrainStep`
-/// computed. A replay does not call the closure: it repeats what the captured call did. The
-/// closure must therefore be a function of the model and the batch, plus tensors that
-/// stay the same tensors (a mask built once, say): the guard checks this over the warmup
-/// steps and the capture. After the capture, each replay checks that the tensors the
-/// graph reads as constants are still held outside it (a target network the loop
-/// replaced is found before the next replay), and a graph not checked for
-/// [`verify_every`](GraphTrainerConfig::verify_every) trainer steps runs its shape's
-/// next step eagerly, compared with the graph, which finds a host value or branch that
-/// changed; until then replays use the captured values. A host value that changes between steps
-/// belongs in the batch, as a tensor or a `#[step_input(key)]` field. Tensors the
-/// closure keeps beyond a call alias the trainer's buffers.
+/// computed. Every replay calls it first, in a trace that launches nothing: each op of the
+/// step (the closure's, the backward pass's, the update's) is matched against the
+/// graph's recording, and the graph launches only if the whole step matched; a step
+/// that differs (a host value, a branch, a coin) runs eagerly and equals plain code. On
+/// the fusion stack such a step runs again from its start, from a clone of the closure
+/// taken before the trace: so the closure is `Clone`, and state it changes (a counter, a
+/// host RNG) must be its own, moved into it; state it shares with the loop (an
+/// `Rc<Cell<_>>`) would change twice for such a step. Graphs captured under
+/// [`Untraced`](crate::Untraced) replay without calling it. Before each replay the
+/// trainer also checks that the tensors the graph reads as constants are still held
+/// outside it, and a graph not checked for
+/// [`verify_every`](GraphTrainerConfig::verify_every) trainer steps runs its shape's next
+/// step eagerly, compared with the graph (what a trace cannot see: the values an op
+/// computes). A host value that changes every step is best passed in the batch, as a
+/// tensor or a `#[step_input(key)]` field, so that one graph serves every value. Tensors
+/// the closure keeps beyond a call alias the trainer's buffers.
 ///
 /// # Panics in the step closure or the optimizer
 /// The closure borrows the model, and the update is applied only after it returns. A
