@@ -66,10 +66,10 @@ pub struct StepOutcome<T> {
 /// step (the closure's, the backward pass's, the update's) is matched against the
 /// graph's recording, and the graph launches only if the whole step matched; a step
 /// that differs (a host value, a branch, a coin) runs eagerly and equals plain code. On
-/// the fusion stack such a step runs again from its start, from a clone of the closure
-/// taken before the trace: so the closure is `Clone`, and state it changes (a counter, a
-/// host RNG) must be its own, moved into it; state it shares with the loop (an
-/// `Rc<Cell<_>>`) would change twice for such a step. Graphs captured under
+/// the fusion stack such a step runs again from its start, from clones of the closure
+/// and of the optimizer taken before the trace: so both are `Clone`, and state the
+/// closure changes (a counter, a host RNG) must be its own, moved into it; state it
+/// shares with the loop (an `Rc<Cell<_>>`) would change twice for such a step. Graphs captured under
 /// [`Untraced`](crate::Untraced) replay without calling it. Before each replay the
 /// trainer also checks that the tensors the graph reads as constants are still held
 /// outside it, and a graph not checked for
@@ -122,7 +122,7 @@ impl<G, M, O, I, F, R> GraphTrainer<G, M, O, I, F, R>
 where
     G: GraphBackend,
     M: AutodiffModule<TrainBackend<G>>,
-    O: CapturableOptimizer<M, TrainBackend<G>>,
+    O: CapturableOptimizer<M, TrainBackend<G>> + Clone,
     I: StepInput<TrainBackend<G>>,
     F: FnMut(&M, &I) -> R + Clone,
     R: StepOutput<TrainBackend<G>>,
@@ -431,10 +431,7 @@ where
     }
 
     /// The optimizer, for saving its record: a value that later steps leave as it is.
-    pub fn optimizer(&self) -> &O
-    where
-        O: Clone,
-    {
+    pub fn optimizer(&self) -> &O {
         self.lent
             .optimizer(self.learner.optimizer(), self.graphs.pinned())
     }
@@ -686,8 +683,10 @@ where
         let Some(trace) = trace else {
             return Ok(None);
         };
-        // The closure as it is before the trace, for a step that runs again.
-        let before = (on_difference == OnDifference::RunAgain).then(|| self.step_fn.clone());
+        // The closure and the optimizer (its host state: a count of its updates, say) as
+        // they are before the trace, for a step that runs again.
+        let before = (on_difference == OnDifference::RunAgain)
+            .then(|| (self.step_fn.clone(), self.learner.optimizer().clone()));
         let started = Instant::now();
         let static_batch = on_inputs(batch, &static_inputs);
         let by_place = constants_by_place::<G>(self.rank.is_some());
@@ -766,13 +765,13 @@ where
             }
             Traced::RunAgain(difference) => {
                 // Nothing the trace ran is kept: the pins hold the values before the
-                // step, and the closure is as it was before it.
+                // step, and the closure and the optimizer are as they were before it.
+                let (step_fn, optimizer) = before.expect("a trace that runs again kept both");
+                *cx.learner.optimizer_mut() = optimizer;
                 flush_unsettled(cx.learner.model());
                 graphs.reseat(cx.learner);
                 drop(item);
-                if let Some(before) = before {
-                    self.step_fn = before;
-                }
+                self.step_fn = step_fn;
                 if !observing {
                     self.graphs.branch(key);
                 }

@@ -255,7 +255,7 @@ pub fn graphed_run<G, O>(
 ) -> Run
 where
     G: Stack,
-    O: CapturableOptimizer<Model<G>, TrainBackend<G>>,
+    O: CapturableOptimizer<Model<G>, TrainBackend<G>> + Clone,
 {
     let mut trainer = GraphTrainer::new(model::<G>(plan.sizes, bytes), optimizer, loss, config);
     let mut task = SineTask::new(plan.seed, D_INPUT);

@@ -21,7 +21,7 @@ const STEPS: usize = 200;
 fn replayed_equals_eager<G, O>(case: &str, base_lr: f64, make: fn() -> O)
 where
     G: Stack,
-    O: CapturableOptimizer<Model<G>, TrainBackend<G>>,
+    O: CapturableOptimizer<Model<G>, TrainBackend<G>> + Clone,
 {
     let steps = run_length(STEPS);
     let bytes = model_bytes(MEDIUM);

@@ -295,6 +295,7 @@ fn unfreezing_a_layer_gives_it_state_and_trains_it() {
 fn an_optimizer_that_cannot_refit_refuses_the_step_and_keeps_the_model() {
     let _rng = crate::common::rng::shared();
     /// Adam without `fit_state`: the trait's default only adds state.
+    #[derive(Clone)]
     struct NoRefit(CapturableAdam<B>);
     impl CapturableOptimizer<Mlp<B>, B> for NoRefit {
         type Record = <CapturableAdam<B> as CapturableOptimizer<Mlp<B>, B>>::Record;

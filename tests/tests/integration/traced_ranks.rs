@@ -5,7 +5,10 @@
 //! eagerly by all). A host value or a host coin that changes on one rank after the
 //! capture, in the step closure or in the optimizer after the average, then trains as
 //! eager data-parallel steps do, bit for bit, on every rank; with replays untraced it
-//! does not.
+//! does not. So it does with traces that stop at the first difference and run the step
+//! again from its start on every rank (`RunsAgain`, the fusion stack's way), the rank
+//! that differed telling its peers before it leaves its closure, and the optimizer's
+//! host state (its count of updates) put back as it was before the trace.
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::optim::{GradientsParams, LearningRate};
@@ -14,7 +17,7 @@ use burn::tensor::{ElementConversion, Tensor};
 use burn_graph_capture::optim::{CapturableAdam, CapturableOptimizer, StateSlot};
 use burn_graph_capture::{
     DataParallelConfig, EmulatedGraphs, FallbackReason, GraphTrainer, GraphTrainerConfig,
-    StepChange, StepMode, Untraced,
+    RunsAgain, StepChange, StepMode, Untraced,
 };
 use lstm_example::train::parameter_bits;
 use rand::rngs::StdRng;
@@ -35,6 +38,8 @@ enum Steps {
     Traced,
     /// Emulated graphs, replays untraced.
     Untraced,
+    /// Emulated graphs, replays traced, a differing step run again from its start.
+    RunAgain,
 }
 
 /// The backend under autodiff.
@@ -45,6 +50,7 @@ type HostValue = fn(usize, usize) -> f32;
 
 /// Adam, then every parameter scaled by a host factor that the optimizer reads at each
 /// update (a decay schedule): ops after the gradient average whose host value may change.
+#[derive(Clone)]
 struct DecayedAdam {
     adam: CapturableAdam<B>,
     decay: HostValue,
@@ -103,6 +109,7 @@ struct RankRun {
     modes: Vec<StepMode>,
     replayed: u64,
     traced: u64,
+    ran_again: u64,
 }
 
 /// Trains `WORLD` ranks from the model in `bytes` for `STEPS` steps, rank `r`'s loss
@@ -114,6 +121,7 @@ fn run(steps: Steps, bytes: &[u8], weight: HostValue, decay: HostValue) -> Vec<R
         let rank = member.rank();
         let _graphs = (steps != Steps::Eager).then(EmulatedGraphs::on);
         let _untraced = (steps == Steps::Untraced).then(Untraced::on);
+        let _again = (steps == Steps::RunAgain).then(RunsAgain::on);
         let mut count = 0;
         let step_fn = move |model: &crate::common::Model, batch: &lstm_example::Batch<_>| {
             let scale = weight(rank, count);
@@ -139,6 +147,7 @@ fn run(steps: Steps, bytes: &[u8], weight: HostValue, decay: HostValue) -> Vec<R
             modes: Vec::new(),
             replayed: 0,
             traced: 0,
+            ran_again: 0,
         };
         for step in 0..STEPS {
             let outcome = trainer.step(shard(step, rank, WORLD)).unwrap();
@@ -149,6 +158,7 @@ fn run(steps: Steps, bytes: &[u8], weight: HostValue, decay: HostValue) -> Vec<R
         run.params = parameter_bits(&trainer.model().unwrap().valid());
         let report = trainer.report();
         (run.replayed, run.traced) = (report.modes.replayed, report.traces_matched);
+        run.ran_again = report.traces_run_again;
         run
     });
     runs.into_iter().map(Result::unwrap).collect()
@@ -192,6 +202,18 @@ fn check(weight: HostValue, decay: HostValue) -> Vec<RankRun> {
         }
     }
     assert!(same(&traced, &eager), "traced ranks differ from eager ones");
+    let again = run(Steps::RunAgain, &bytes, weight, decay);
+    for (rank, run) in again.iter().enumerate() {
+        assert_eq!(
+            run.replayed, run.traced,
+            "rank {rank} replayed untraced (run again)"
+        );
+        assert!(run.ran_again > 0, "rank {rank} never ran a step again");
+    }
+    assert!(
+        same(&again, &eager),
+        "ranks that run steps again differ from eager ones"
+    );
     let untraced = run(Steps::Untraced, &bytes, weight, decay);
     assert!(
         untraced[0].replayed > 0,
@@ -270,4 +292,14 @@ fn a_host_coin_on_each_rank_trains_as_eager_ranks_do() {
         if coin.random_bool(0.3) { 2.0 } else { 1.0 }
     };
     check(weight, |_, _| 1.0);
+}
+
+#[test]
+fn a_host_value_the_optimizer_counts_trains_as_eager_ranks_do() {
+    let _rng = crate::common::rng::shared();
+    // Each rank's optimizer decays the parameters on every other block of 8 of its own
+    // updates: a host count in the optimizer, which a step that runs again must not
+    // advance twice.
+    let decay = |_rank: usize, update: usize| if (update / 8) % 2 == 1 { 0.999 } else { 1.0 };
+    check(|_, _| 1.0, decay);
 }
