@@ -15,8 +15,8 @@
 //! is called once. Where stand-ins cannot be filled without changing the step (fusion
 //! would group the refilled ops otherwise than the eager step's: `GraphBackend::
 //! traces_run_again`), the trace instead unwinds out of the closure at the first
-//! difference, and the step runs again eagerly from its start, with a clone of the
-//! closure taken before the trace ([`RunAgain`]).
+//! difference, and the step runs again eagerly from its start, with clones of the
+//! closure and the optimizer taken before the trace ([`RunAgain`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
