@@ -19,7 +19,8 @@
 //!   of width `h` with four heads), traced against untraced and against the same step
 //!   run eagerly, side by side (none in the default list); with `HOST_PROFILE=DIR`, two
 //!   more seconds of traced steps are sampled into `DIR/trace-MODEL-B-T-H.folded`
-//!   (`host_profile`);
+//!   (`host_profile`); `trace-fusion-fused-lstm` and `trace-fusion-transformer` the
+//!   same on `CudaFused`;
 //! - `dropout`, `no-dropout`: `CudaFused`, two `FusedLstm` layers (the first with the
 //!   same weights) with dropout 0.3 between them, or none, graphed and eager (issue 15;
 //!   not in the default list).
@@ -280,9 +281,9 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 cost.checks
             );
         }
-        // What tracing every replay costs (`TrainerReport::trace_ms`), on the plain
-        // stack, whose graphs have trace recordings: `nn::Lstm`, `FusedLstm` and a small
-        // Transformer encoder (`h` wide), traced and untraced side by side.
+        // What tracing every replay costs (`TrainerReport::trace_ms`): `nn::Lstm`,
+        // `FusedLstm` and a small Transformer encoder (`h` wide) on the plain stack,
+        // `FusedLstm` and the encoder on the fused one, traced and untraced side by side.
         if stacks.iter().any(|s| s.starts_with("trace-")) {
             let mut costs = Vec::new();
             if wants("trace-nn-lstm") {
@@ -298,6 +299,22 @@ fn speed(sizes: &[Size], stacks: &[String]) {
                 let cost =
                     ours::trace_cost::<CudaCube, Encoder<CudaCube>>("transformer", &work, &device);
                 costs.push(("cube-transformer", cost));
+            }
+            if wants("trace-fusion-fused-lstm") {
+                let cost = ours::trace_cost::<CudaFused, Batched<CudaFused>>(
+                    "fusion-fused-lstm",
+                    &work,
+                    &device,
+                );
+                costs.push(("fused-fused-lstm", cost));
+            }
+            if wants("trace-fusion-transformer") {
+                let cost = ours::trace_cost::<CudaFused, Encoder<CudaFused>>(
+                    "fusion-transformer",
+                    &work,
+                    &device,
+                );
+                costs.push(("fused-transformer", cost));
             }
             for (model, cost) in costs {
                 let overhead = cost.traced_ms / cost.untraced_ms - 1.0;
