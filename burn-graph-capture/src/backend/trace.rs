@@ -16,7 +16,7 @@
 //! would group the refilled ops otherwise than the eager step's: `GraphBackend::
 //! traces_run_again`), the trace instead unwinds out of the closure at the first
 //! difference, and the step runs again eagerly from its start, with clones of the
-//! closure and the optimizer taken before the trace ([`RunAgain`]).
+//! closure and the optimizer taken before the trace ([`Stop::RunAgain`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -262,8 +262,8 @@ pub(crate) enum OnDifference {
     /// The recorded ops before the difference compute, their stand-ins take what they
     /// computed, and the step goes on eagerly: the closure is called once.
     GoOn,
-    /// The step stops (the closure unwinds with [`RunAgain`]) and runs again eagerly
-    /// from its start.
+    /// The step stops (the closure unwinds with [`Stop::RunAgain`]) and runs again
+    /// eagerly from its start.
     RunAgain,
 }
 
@@ -364,7 +364,7 @@ impl Trace {
                             let change = Difference::Peer { rank };
                             return match tracer.diverge(change.clone()) {
                                 Ok(()) => Traced::Diverged(change),
-                                Err(stop) => stop.traced(change),
+                                Err(stop) => stop.into_traced(),
                             };
                         }
                     }
@@ -375,8 +375,8 @@ impl Trace {
                     graph: tracer.matchers[tracer.leader].recording.traced_count(),
                     step: tracer.matched,
                 };
-                if let Err(stop) = tracer.diverge(change.clone()) {
-                    return stop.traced(change);
+                if let Err(stop) = tracer.diverge(change) {
+                    return stop.into_traced();
                 }
             }
             match tracer.diverged.clone() {
@@ -446,40 +446,30 @@ pub(crate) fn before_collective() -> Result<(), GroupFailed> {
     })
 }
 
-/// A trace that stopped matching could not compute the values its stand-ins stand for
-/// (a recorded output it cannot fill): the step unwinds out of the closure with this
-/// payload, nothing it traced is kept, and it runs again eagerly.
+/// Why a trace that stopped matching cannot go on in the closure: the payload the step
+/// unwinds out of the closure with (`resume_unwind`: no panic hook, no message; the
+/// trainer catches it at once). Nothing the trace ran is kept.
 #[derive(Debug)]
-pub(crate) struct Unfilled(pub(crate) String);
-
-/// A trace whose step differed where differences stop the step
-/// ([`OnDifference::RunAgain`]): the step unwinds out of the closure with this payload,
-/// nothing it traced is kept, and it runs again eagerly from its start.
-#[derive(Debug)]
-pub(crate) struct RunAgain(pub(crate) Difference);
-
-/// Why a trace that stopped matching cannot go on in the closure.
-#[derive(Debug)]
-enum Stop {
+pub(crate) enum Stop {
+    /// It could not compute the values its stand-ins stand for (a recorded output it
+    /// cannot fill): the step runs again eagerly.
     Unfilled(String),
+    /// The step differed where differences stop the step ([`OnDifference::RunAgain`]):
+    /// it runs again eagerly from its start.
     RunAgain(Difference),
 }
 
 impl Stop {
-    /// Leaves the step closure (`resume_unwind`: no panic hook, no message; the trainer
-    /// catches it at once).
+    /// Leaves the step closure.
     fn unwind(self) -> ! {
-        match self {
-            Stop::Unfilled(why) => std::panic::resume_unwind(Box::new(Unfilled(why))),
-            Stop::RunAgain(change) => std::panic::resume_unwind(Box::new(RunAgain(change))),
-        }
+        std::panic::resume_unwind(Box::new(self))
     }
 
-    /// How a trace that stopped at its end (`change`) came out.
-    fn traced(self, change: Difference) -> Traced {
+    /// How the trace came out.
+    pub(crate) fn into_traced(self) -> Traced {
         match self {
             Stop::Unfilled(why) => Traced::Failed(why),
-            Stop::RunAgain(_) => Traced::RunAgain(change),
+            Stop::RunAgain(change) => Traced::RunAgain(change),
         }
     }
 }

@@ -17,7 +17,7 @@ use super::fit;
 use super::graphed::{Captured, Fallback, FallbackScope, Graphs, constants_by_place, on_inputs};
 use super::guard::Accounted;
 use super::input::{InputKey, StepInput, check_batch, host_key};
-use super::learner::{Learner, StepContext, flush_unsettled, with_own_state};
+use super::learner::{Learner, StepContext, flush_running_stats, with_own_state};
 use super::mode::{FallbackReason, StepChange, StepMode};
 use super::output::{StepOutput, detached};
 use super::parallel::{Proposal, Rank, Verdict, broadcast_start, same_structure_as_rank_zero};
@@ -26,7 +26,7 @@ use super::random::TrainerRandom;
 use super::registry::{self, Registration, TrainerId};
 use super::report::TrainerReport;
 use super::views::Lent;
-use crate::backend::trace::{OnDifference, RunAgain, RunsAgain, Trace, Traced, Unfilled, Untraced};
+use crate::backend::trace::{OnDifference, RunsAgain, Stop, Trace, Traced, Untraced};
 use crate::backend::{
     AnyTensor, CaptureSession, GraphBackend, GraphCapture, GraphError, Recording, TrainBackend,
 };
@@ -714,20 +714,14 @@ where
                 return Err(Fallback::Refused(rank.fail_step(error)));
             }
             Ok(item) => (Some(item), trace.end()),
-            // The trace could not compute what it had handed out: the closure unwound,
-            // and nothing it ran is kept.
-            Err(payload) => match payload.downcast::<Unfilled>() {
-                Ok(unfilled) => {
+            // The trace stopped inside the closure (it could not compute what it had
+            // handed out, or the step runs again): nothing it ran is kept.
+            Err(payload) => match payload.downcast::<Stop>() {
+                Ok(stop) => {
                     drop(trace);
-                    (None, Traced::Failed(unfilled.0))
+                    (None, stop.into_traced())
                 }
-                Err(payload) => match payload.downcast::<RunAgain>() {
-                    Ok(again) => {
-                        drop(trace);
-                        (None, Traced::RunAgain(again.0))
-                    }
-                    Err(payload) => resume_unwind(payload),
-                },
+                Err(payload) => resume_unwind(payload),
             },
         };
         self.report.trace_ms += started.elapsed().as_secs_f64() * 1e3;
@@ -768,7 +762,7 @@ where
                 // step, and the closure and the optimizer are as they were before it.
                 let (step_fn, optimizer) = before.expect("a trace that runs again kept both");
                 *cx.learner.optimizer_mut() = optimizer;
-                flush_unsettled(cx.learner.model());
+                flush_running_stats(cx.learner.model());
                 graphs.reseat(cx.learner);
                 drop(item);
                 self.step_fn = step_fn;
@@ -799,7 +793,7 @@ where
             Traced::Failed(why) => {
                 // Nothing the trace ran is kept: the pins hold the values before the step.
                 tracing::error!(%why, "a trace could not continue eagerly; the step runs again");
-                flush_unsettled(cx.learner.model());
+                flush_running_stats(cx.learner.model());
                 graphs.reseat(cx.learner);
                 graphs.stale(key);
                 Err(Fallback::step(FallbackReason::Graph(
