@@ -182,15 +182,16 @@ impl<G: GraphBackend, M, O, F> StepContext<'_, G, M, O, F> {
 ///   it into the module, where the trainer can see it, pin it and write it back.
 pub(crate) fn settle<B: AutodiffBackend, M: AutodiffModule<B>>(model: M) -> M {
     let model = retie(model);
-    let _flushed = model.valid();
+    flush_running_stats(&model);
     model
 }
 
-/// Flushes what a step that stopped inside the closure (a trace that unwound) left aside
-/// in `model`'s running statistics (BatchNorm's new mean, computed from stand-ins), so
-/// that seating the model on its pins afterwards replaces it: unflushed, the next step's
-/// first read would take it.
-pub(crate) fn flush_unsettled<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) {
+/// Flushes the values a step left aside in `model`'s running statistics (Burn's
+/// `RunningState` keeps them until the next read) into the module. After a step that
+/// stopped inside the closure (a trace that unwound) this must come before the model is
+/// seated on its pins, so that the pins replace what the stopped step computed from
+/// stand-ins: unflushed, the next step's first read would take it.
+pub(crate) fn flush_running_stats<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) {
     let _flushed = model.valid();
 }
 
