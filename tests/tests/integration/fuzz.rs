@@ -1039,17 +1039,20 @@ fn check_with<G: GraphBackend + LstmKernels>(
     ran
 }
 
+/// The number in the environment variable `name`, else `default` (how many programs a
+/// test runs, and from which seed).
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
 #[test]
 fn generated_programs_train_as_eager_training() {
     let _rng = crate::common::rng::exclusive();
-    let count: u64 = std::env::var("FUZZ_PROGRAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let first: u64 = std::env::var("FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let count = env_or("FUZZ_PROGRAMS", 1000);
+    let first = env_or("FUZZ_SEED", 0);
     let ran = check::<Flex>(first..first + count);
     println!("{ran} programs matched eager training");
     assert_eq!(ran as u64, count);
@@ -1077,14 +1080,8 @@ fn untransposed(mut program: Program) -> Program {
 fn generated_programs_train_as_eager_training_on_emulated_graphs() {
     let _rng = crate::common::rng::exclusive();
     let _graphs = EmulatedGraphs::on();
-    let count: u64 = std::env::var("FUZZ_EMULATED_PROGRAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let first: u64 = std::env::var("FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let count = env_or("FUZZ_EMULATED_PROGRAMS", 1000);
+    let first = env_or("FUZZ_SEED", 0);
     REPLAYS.with(|replays| replays.set(0));
     let ran = check_with::<Flex>(first..first + count, untransposed);
     let replays = REPLAYS.with(Cell::get);
@@ -1101,14 +1098,8 @@ fn programs_whose_differing_steps_run_again_train_as_eager_training() {
     let _rng = crate::common::rng::exclusive();
     let _graphs = EmulatedGraphs::on();
     let _again = RunsAgain::on();
-    let count: u64 = std::env::var("FUZZ_RUN_AGAIN_PROGRAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let first: u64 = std::env::var("FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let count = env_or("FUZZ_RUN_AGAIN_PROGRAMS", 500);
+    let first = env_or("FUZZ_SEED", 0);
     RAN_AGAIN.with(|ran| ran.set(0));
     let ran = check_with::<Flex>(first..first + count, untransposed);
     let again = RAN_AGAIN.with(Cell::get);
@@ -1130,10 +1121,7 @@ fn untraced_replays_of_changing_host_worlds_diverge() {
     let _rng = crate::common::rng::exclusive();
     let _graphs = EmulatedGraphs::on();
     let _untraced = Untraced::on();
-    let count: u64 = std::env::var("FUZZ_EMULATED_PROGRAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let count = env_or("FUZZ_EMULATED_PROGRAMS", 1000);
     let (mut ran, mut diverged) = (0, 0);
     for seed in 0..count {
         let program = untransposed(Program::generate(seed));
@@ -1250,14 +1238,8 @@ fn a_divergence_is_caught() {
 #[cfg(feature = "cuda")]
 mod gpu {
     fn programs() -> std::ops::Range<u64> {
-        let count = std::env::var("FUZZ_PROGRAMS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300);
-        let first = std::env::var("FUZZ_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let count = super::env_or("FUZZ_PROGRAMS", 300);
+        let first = super::env_or("FUZZ_SEED", 0);
         first..first + count
     }
 
